@@ -1,0 +1,48 @@
+"""The small error tree. Expected failures carry a one-line message and an exit code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class RailyardError(Exception):
+    """An expected failure: printed as one line, never as a traceback."""
+
+    exit_code = 1
+
+
+class UsageError(RailyardError):
+    """Bad input from the user (flags, inventory, files). Exit code 2; no host was touched."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One inventory problem: the file, the key path and the offending value."""
+
+    file: str
+    key: str
+    value: object
+    message: str
+
+    def __str__(self) -> str:
+        shown = "" if self.value is _MISSING else f" = {self.value!r}"
+        return f"{self.file}: {self.key}{shown}: {self.message}"
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()
+MISSING = _MISSING
+
+
+class InventoryError(UsageError):
+    """One or more problems found while loading or validating an inventory."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
