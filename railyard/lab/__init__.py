@@ -1,0 +1,539 @@
+"""The lab: test hosts on this machine, made of network namespaces with a real sshd each.
+
+Each host `A`, `B`, ... gets:
+- a network namespace `rylab-A` with a management interface `mgmt0` (198.18.0.0/24,
+  bridged to the control machine) and two rails `cx8r0`, `cx8r1` (MTU 9000) on their
+  own bridges (198.18.100.0/24 and 198.18.101.0/24);
+- a private mount and UTS namespace held by an anchor process, in which the host's
+  own directory is bind-mounted over /root and the hostname is the host's name;
+- a real `sshd` inside those namespaces, with its own host key, whose sessions get a
+  PATH where simulated `ibdev2netdev`, `show_gids`, `nvidia-smi`, `timedatectl` and
+  `docker` come first (they read the host's real interfaces and the lab's fault state).
+
+Everything made is recorded in `lab.json` so `down()` removes exactly that.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..errors import RailyardError, UsageError
+
+LAB_DIR_ENV = "RAILYARD_LAB_DIR"
+DEFAULT_LAB_DIR = "/var/tmp/railyard-lab"
+NS_PREFIX = "rylab-"
+BRIDGES = {"mgmt": "rylab-mgmt", "cx8r0": "rylab-r0", "cx8r1": "rylab-r1"}
+MGMT_NET = "198.18.0"
+RAIL_NETS = {"cx8r0": ("198.18.100", "mlx5_0"), "cx8r1": ("198.18.101", "mlx5_1")}
+CONTROL_IP = f"{MGMT_NET}.1"
+RAIL_MTU = 9000
+LAB_IMAGE_NAME = "vllm/vllm-openai:v0.30.0-aarch64"
+LAB_IMAGE_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image v0.30.0-aarch64").hexdigest()
+SIM_TOOLS = ("ibdev2netdev", "show_gids", "nvidia-smi", "timedatectl", "docker")
+SIM_SOURCE = Path(__file__).parent / "sim" / "tools.py"
+SYSTEM_PYTHON = "/usr/bin/python3"
+MAX_HOSTS = 200
+
+
+class LabError(RailyardError):
+    """The lab could not be built or changed; the message says what to install or fix."""
+
+
+def lab_dir(path: str | None = None) -> Path:
+    return Path(path or os.environ.get(LAB_DIR_ENV) or DEFAULT_LAB_DIR)
+
+
+def host_names(n: int) -> list[str]:
+    """A, B, ... Z, then H27, H28, ..."""
+    letters = list(string.ascii_uppercase)
+    return [letters[i] if i < 26 else f"H{i + 1}" for i in range(n)]
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str
+    index: int
+    root: Path  # the lab directory
+
+    @property
+    def ns(self) -> str:
+        return NS_PREFIX + self.name
+
+    @property
+    def dir(self) -> Path:
+        return self.root / "hosts" / self.name
+
+    @property
+    def home(self) -> Path:
+        return self.dir / "home"
+
+    @property
+    def bin(self) -> Path:
+        return self.dir / "bin"
+
+    @property
+    def state(self) -> Path:
+        return self.dir / "state"
+
+    @property
+    def mgmt_ip(self) -> str:
+        return f"{MGMT_NET}.{10 + self.index}"
+
+    def rail_ip(self, rail: str) -> str:
+        return f"{RAIL_NETS[rail][0]}.{10 + self.index}"
+
+    def veth(self, kind: str) -> str:
+        """Root-namespace end of this host's veth for mgmt, cx8r0 or cx8r1 (<= 15 chars)."""
+        return f"rylab{self.index}{ {'mgmt': 'm', 'cx8r0': 'r0', 'cx8r1': 'r1'}[kind] }"
+
+    @property
+    def anchor_pid_file(self) -> Path:
+        return self.dir / "anchor.pid"
+
+    @property
+    def sshd_pid_file(self) -> Path:
+        return self.dir / "sshd.pid"
+
+    @property
+    def sshd_config(self) -> Path:
+        return self.dir / "sshd_config"
+
+    @property
+    def host_key(self) -> Path:
+        return self.dir / "ssh_host_ed25519_key"
+
+
+# ---------------------------------------------------------------- helpers
+
+def sh(*argv: str, check: bool = True, input: str | None = None, quiet: bool = False) -> subprocess.CompletedProcess:
+    """Run a local command (argv, no shell). Raise LabError with its stderr on failure."""
+    p = subprocess.run(list(argv), input=input, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise LabError(f"lab: `{' '.join(argv)}` failed ({p.returncode}): {(p.stderr or p.stdout).strip()}")
+    return p
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _requirements() -> None:
+    if os.geteuid() != 0:
+        raise LabError("lab: needs root (network namespaces, bridges and sshd)")
+    missing = [t for t in ("ip", "unshare", "nsenter", "ssh-keygen", "ethtool", "ping", "rsync")
+               if shutil.which(t) is None]
+    if not Path("/usr/sbin/sshd").exists():
+        missing.append("sshd")
+    if not Path(SYSTEM_PYTHON).exists():
+        missing.append(SYSTEM_PYTHON)
+    if missing:
+        raise LabError(f"lab: missing {', '.join(missing)}: apt-get install openssh-server openssh-client "
+                       "rsync iproute2 iputils-ping ethtool util-linux python3 faketime")
+
+
+def _link_exists(name: str, ns: str | None = None) -> bool:
+    argv = ["ip"] + (["-n", ns] if ns else []) + ["link", "show", "dev", name]
+    return sh(*argv, check=False).returncode == 0
+
+
+def _ns_exists(ns: str) -> bool:
+    return Path("/run/netns", ns).exists()
+
+
+# ---------------------------------------------------------------- state file
+
+def _load_state(root: Path) -> dict | None:
+    try:
+        return json.loads((root / "lab.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _save_state(root: Path, state: dict) -> None:
+    tmp = root / "lab.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(root / "lab.json")
+
+
+def hosts_of(root: Path) -> list[LabHost]:
+    state = _load_state(root)
+    if not state:
+        raise UsageError(f"no lab at {root}: run `inv lab.up` first")
+    return [LabHost(n, i + 1, root) for i, n in enumerate(state["hosts"])]
+
+
+def lab_host(root: Path, name: str) -> LabHost:
+    for h in hosts_of(root):
+        if h.name == name:
+            return h
+    raise UsageError(f"lab: no host {name!r} (hosts: {', '.join(h.name for h in hosts_of(root))})")
+
+
+# ---------------------------------------------------------------- up / down
+
+def up(n: int = 2, path: str | None = None, log=print) -> Path:
+    """Bring up N hosts (idempotent) and return the lab inventory's path."""
+    if not 1 <= n <= MAX_HOSTS:
+        raise UsageError(f"--hosts {n}: must be between 1 and {MAX_HOSTS}")
+    _requirements()
+    root = lab_dir(path)
+    state = _load_state(root)
+    if state and len(state["hosts"]) != n:
+        log(f"lab: resizing from {len(state['hosts'])} to {n} hosts")
+        down(path, log=lambda *_: None)
+        state = None
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o755)
+    names = host_names(n)
+    state = state or {"hosts": names, "bridges": list(BRIDGES.values()), "created": time.time()}
+    _save_state(root, state)
+    hosts = [LabHost(name, i + 1, root) for i, name in enumerate(names)]
+
+    _ensure_keys(root, hosts)
+    _install_sims(root, hosts)
+    _ensure_bridges()
+    for h in hosts:
+        _ensure_host_net(h)
+        _ensure_anchor(h)
+    _write_known_hosts(root, hosts)
+    procs = [_start_sshd(h) for h in hosts]
+    _wait_sshd(hosts, procs)
+    inv = _write_inventory(root, hosts)
+    return inv
+
+
+def down(path: str | None = None, log=print) -> None:
+    """Remove what up() made: processes, namespaces, links, bridges, files."""
+    root = lab_dir(path)
+    state = _load_state(root)
+    if not state:
+        log(f"lab: nothing at {root}")
+        return
+    hosts = [LabHost(n, i + 1, root) for i, n in enumerate(state["hosts"])]
+    for h in hosts:
+        from . import faults
+        faults.kill_recorded(h)
+        for pidfile in (h.sshd_pid_file, h.anchor_pid_file):
+            pid = _read_pid(pidfile)
+            if _pid_alive(pid):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        # sessions and anything else still running inside the host's namespace
+        if _ns_exists(h.ns):
+            pids = sh("ip", "netns", "pids", h.ns, check=False).stdout.split()
+            for p in pids:
+                try:
+                    os.kill(int(p), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            sh("ip", "netns", "del", h.ns, check=False)
+        for kind in ("mgmt", "cx8r0", "cx8r1"):
+            if _link_exists(h.veth(kind)):
+                sh("ip", "link", "del", h.veth(kind), check=False)
+    for br in state.get("bridges", []):
+        if _link_exists(br):
+            sh("ip", "link", "del", br, check=False)
+    shutil.rmtree(root, ignore_errors=True)
+    log(f"lab: removed {len(hosts)} hosts and {root}")
+
+
+def _ensure_keys(root: Path, hosts: list[LabHost]) -> None:
+    if not (root / "id_ed25519").exists():
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "railyard-lab-control", "-f", str(root / "id_ed25519"))
+    for h in hosts:
+        for d in (h.home / ".ssh", h.bin, h.state, h.dir / "docker"):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(h.home / ".ssh", 0o700)
+        if not h.host_key.exists():
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"host-{h.name}", "-f", str(h.host_key))
+        user_key = h.home / ".ssh" / "id_ed25519"
+        if not user_key.exists():
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{h.name}", "-f", str(user_key))
+    control_pub = (root / "id_ed25519.pub").read_text().strip()
+    peer_pubs = [(h.home / ".ssh" / "id_ed25519.pub").read_text().strip() for h in hosts]
+    for h in hosts:
+        ak = h.home / ".ssh" / "authorized_keys"
+        ak.write_text("\n".join([control_pub] + peer_pubs) + "\n")
+        os.chmod(ak, 0o600)
+        profile = h.home / ".profile"
+        if not profile.exists():
+            # login shells (inv lab.ssh) reset PATH in /etc/profile; put the host's tools back first
+            profile.write_text(f'PATH="{h.bin}:$PATH"\n')
+
+
+def _install_sims(root: Path, hosts: list[LabHost]) -> None:
+    sim = root / "sim" / "tools.py"
+    sim.parent.mkdir(exist_ok=True)
+    text = SIM_SOURCE.read_text()
+    body = text.split("\n", 1)[1] if text.startswith("#!") else text
+    sim.write_text(f"#!{SYSTEM_PYTHON} -SI\n" + body)
+    os.chmod(sim, 0o755)
+    config = {"lab_dir": str(root), "image": LAB_IMAGE_NAME, "image_digest": LAB_IMAGE_DIGEST}
+    (root / "sim" / "lab.json").write_text(json.dumps(config))
+    for h in hosts:
+        removed = set(json.loads((h.state / "missing-tools.json").read_text())) \
+            if (h.state / "missing-tools.json").exists() else set()
+        for tool in SIM_TOOLS:
+            link = h.bin / tool
+            if tool in removed:
+                continue
+            if not link.is_symlink():
+                link.symlink_to(sim)
+        images = h.dir / "docker" / "images.json"
+        if not images.exists():
+            images.write_text(json.dumps({LAB_IMAGE_NAME: LAB_IMAGE_DIGEST}))
+
+
+def _ensure_bridges() -> None:
+    for kind, br in BRIDGES.items():
+        if not _link_exists(br):
+            sh("ip", "link", "add", br, "type", "bridge")
+        if kind != "mgmt":
+            sh("ip", "link", "set", br, "mtu", str(RAIL_MTU))
+        sh("ip", "link", "set", br, "up")
+    addrs = sh("ip", "-br", "-4", "addr", "show", "dev", BRIDGES["mgmt"]).stdout
+    if f"{CONTROL_IP}/24" not in addrs:
+        sh("ip", "addr", "add", f"{CONTROL_IP}/24", "dev", BRIDGES["mgmt"])
+
+
+def _ensure_host_net(h: LabHost) -> None:
+    if not _ns_exists(h.ns):
+        sh("ip", "netns", "add", h.ns)
+    sh("ip", "-n", h.ns, "link", "set", "lo", "up")
+    inside = {"mgmt": "mgmt0", "cx8r0": "cx8r0", "cx8r1": "cx8r1"}
+    for kind, name in inside.items():
+        if not _link_exists(name, h.ns):
+            if _link_exists(h.veth(kind)):
+                sh("ip", "link", "del", h.veth(kind))
+            sh("ip", "link", "add", h.veth(kind), "type", "veth", "peer", "name", name, "netns", h.ns)
+        mtu = "1500" if kind == "mgmt" else str(RAIL_MTU)
+        sh("ip", "link", "set", h.veth(kind), "master", BRIDGES[kind], "mtu", mtu, "up")
+        ip = h.mgmt_ip if kind == "mgmt" else h.rail_ip(kind)
+        have = sh("ip", "-n", h.ns, "-br", "-4", "addr", "show", "dev", name).stdout
+        if f"{ip}/24" not in have:
+            sh("ip", "-n", h.ns, "addr", "add", f"{ip}/24", "dev", name)
+        sh("ip", "-n", h.ns, "link", "set", name, "mtu", mtu, "up")
+
+
+def _ensure_anchor(h: LabHost) -> None:
+    """A process that holds the host's private mount + UTS namespace (home over /root, hostname)."""
+    if _pid_alive(_read_pid(h.anchor_pid_file)):
+        return
+    script = (f"mount --bind {h.home} /root && hostname {h.name} && "
+              f"mkdir -p /run/sshd && exec sleep infinity")
+    p = subprocess.Popen(["ip", "netns", "exec", h.ns, "unshare", "-m", "-u", "--propagation", "private",
+                          "/bin/sh", "-c", script], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # the anchor is the pid of `sleep` after the execs; wait until it reached it
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise LabError(f"lab: host {h.name}: namespace anchor failed: {p.stderr.read().decode().strip()}")
+        try:
+            exe = os.readlink(f"/proc/{p.pid}/exe")
+        except OSError:
+            exe = ""
+        if exe.endswith("sleep"):
+            h.anchor_pid_file.write_text(str(p.pid))
+            return
+        time.sleep(0.01)
+    raise LabError(f"lab: host {h.name}: namespace anchor did not start")
+
+
+def anchor_pid(h: LabHost) -> int:
+    pid = _read_pid(h.anchor_pid_file)
+    if not _pid_alive(pid):
+        raise LabError(f"lab: host {h.name} is not running (run `inv lab.up`)")
+    return pid
+
+
+def in_host(h: LabHost, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command inside the host's namespaces (network, mount, hostname)."""
+    return sh("nsenter", "-t", str(anchor_pid(h)), "-n", "-m", "-u", "--", *argv, check=check)
+
+
+def write_sshd_config(h: LabHost) -> None:
+    env = {"PATH": f"{h.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "RAILYARD_LAB_HOST_DIR": str(h.dir)}
+    skew = h.state / "clock-skew"
+    if skew.exists():
+        lib = _faketime_lib()
+        env["LD_PRELOAD"] = lib
+        env["FAKETIME"] = skew.read_text().strip()
+        env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
+    setenv = " ".join(f"{k}={v}" for k, v in env.items())
+    h.sshd_config.write_text(f"""\
+# railyard lab host {h.name}
+Port 22
+ListenAddress 0.0.0.0
+HostKey {h.host_key}
+PidFile {h.sshd_pid_file}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+AuthorizedKeysFile .ssh/authorized_keys
+MaxStartups 200:30:400
+MaxSessions 64
+PrintMotd no
+LogLevel ERROR
+SetEnv {setenv}
+Subsystem sftp internal-sftp
+""")
+
+
+def _faketime_lib() -> str:
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1") + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
+    if not found:
+        raise LabError("lab: clock-skew needs libfaketime: apt-get install faketime")
+    return found[0]
+
+
+def _start_sshd(h: LabHost) -> subprocess.Popen | None:
+    if _pid_alive(_read_pid(h.sshd_pid_file)):
+        return None
+    write_sshd_config(h)
+    return subprocess.Popen(["nsenter", "-t", str(anchor_pid(h)), "-n", "-m", "-u", "--",
+                             "/usr/sbin/sshd", "-f", str(h.sshd_config)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def start_sshd(h: LabHost) -> None:
+    _wait_sshd([h], [_start_sshd(h)])
+
+
+def _wait_sshd(hosts: list[LabHost], procs: list[subprocess.Popen | None]) -> None:
+    for h, p in zip(hosts, procs):
+        if p is not None and p.wait(timeout=20) != 0:
+            raise LabError(f"lab: sshd on {h.name} failed to start: {p.stderr.read().decode().strip()}")
+    deadline = time.monotonic() + 15
+    for h in hosts:
+        while True:
+            try:
+                with socket.create_connection((h.mgmt_ip, 22), timeout=1) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise LabError(f"lab: sshd on {h.name} ({h.mgmt_ip}:22) does not answer")
+            time.sleep(0.05)
+
+
+def stop_sshd(h: LabHost) -> None:
+    pid = _read_pid(h.sshd_pid_file)
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(200):
+            if not _pid_alive(pid):
+                break
+            time.sleep(0.01)
+    h.sshd_pid_file.unlink(missing_ok=True)
+
+
+def restart_sshd(h: LabHost) -> None:
+    stop_sshd(h)
+    start_sshd(h)
+
+
+def _pub(path: Path) -> str:
+    kind, blob = path.read_text().split()[:2]
+    return f"{kind} {blob}"
+
+
+def _write_known_hosts(root: Path, hosts: list[LabHost]) -> None:
+    """Control machine: mgmt addresses. Each host: every peer by mgmt and rail addresses."""
+    lines = [f"{h.mgmt_ip} {_pub(h.host_key.with_suffix('.pub'))}" for h in hosts]
+    (root / "known_hosts").write_text("\n".join(lines) + "\n")
+    for h in hosts:
+        entries = []
+        for p in hosts:
+            names = ",".join([p.mgmt_ip] + [p.rail_ip(r) for r in RAIL_NETS])
+            entries.append(f"{names} {_pub(p.host_key.with_suffix('.pub'))}")
+        kh = h.home / ".ssh" / "known_hosts"
+        if not kh.exists():  # a host-key-changed fault must not be silently healed here
+            kh.write_text("\n".join(entries) + "\n")
+
+
+def _write_inventory(root: Path, hosts: list[LabHost]) -> Path:
+    inv = {
+        "all": {
+            "vars": {
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": "id_ed25519",
+                "ssh_known_hosts": "known_hosts",
+                "cluster_serve_rail": "cx8r1",
+                "cluster_gpu_name": "GB300",
+                "model_repo": "nvidia/GLM-5.3-NVFP4",
+                "model_revision": hashlib.sha1(b"railyard lab checkpoint").hexdigest(),
+                "model_path": "~/models/GLM-5.3-NVFP4",
+                "model_size_gb": 4,
+                "vllm_image": f"{LAB_IMAGE_NAME}@{LAB_IMAGE_DIGEST}",
+                # veth links report 10000Mb/s; real ConnectX-8 rails report 400000
+                "preflight_link_speed_mbps": 10000,
+                "preflight_disk_margin_gb": 1,
+            },
+            "children": {
+                "lab": {
+                    "hosts": {
+                        h.name: {
+                            "ansible_host": h.mgmt_ip,
+                            "rank": h.index - 1,
+                            "rails": {r: {"hca": hca, "ipv4": f"{h.rail_ip(r)}/24"}
+                                      for r, (_, hca) in RAIL_NETS.items()},
+                        } for h in hosts
+                    }
+                }
+            },
+        }
+    }
+    path = root / "inventory.yml"
+    path.write_text("# Written by `inv lab.up`: the lab's test hosts. Regenerated on every lab.up.\n"
+                    + yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def ssh_argv(root: Path, h: LabHost, command: list[str] | None = None) -> list[str]:
+    """An OpenSSH command line into a lab host, host keys checked against the lab's known_hosts."""
+    argv = ["ssh", "-i", str(root / "id_ed25519"), "-o", f"UserKnownHostsFile={root / 'known_hosts'}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            f"root@{h.mgmt_ip}"]
+    if command:
+        argv += ["--"] + command
+    return argv

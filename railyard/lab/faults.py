@@ -1,0 +1,299 @@
+"""Inject and heal faults on lab hosts: real where the lab allows it (MTU, link, address,
+sshd, host key, disk, a live process), a state file the simulated tools read otherwise.
+
+Each active fault is recorded in the host's `state/faults.json` so `heal` undoes exactly it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UsageError
+from . import (SIM_TOOLS, LabError, LabHost, _pid_alive, _read_pid, hosts_of, in_host, lab_dir, lab_host,
+               restart_sshd, sh, start_sshd, stop_sshd)
+
+SERVE_RAIL = "cx8r1"
+
+
+def _faults_file(h: LabHost) -> Path:
+    return h.state / "faults.json"
+
+
+def active(h: LabHost) -> dict[str, str]:
+    try:
+        return json.loads(_faults_file(h).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _record(h: LabHost, kind: str, value: str | None) -> None:
+    faults = active(h)
+    if value is None:
+        faults.pop(kind, None)
+    else:
+        faults[kind] = value
+    _faults_file(h).write_text(json.dumps(faults))
+
+
+def _write(h: LabHost, name: str, text: str) -> None:
+    (h.state / name).write_text(text)
+
+
+def _remove(h: LabHost, name: str) -> None:
+    (h.state / name).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- each fault: (inject, heal)
+
+def _rail_ip(h: LabHost) -> str:
+    return f"{h.rail_ip(SERVE_RAIL)}/24"
+
+
+def _mtu(h, value):
+    mtu = value or "1500"
+    if not mtu.isdigit():
+        raise UsageError(f"lab.fault mtu: {mtu!r} is not an MTU")
+    in_host(h, "ip", "link", "set", SERVE_RAIL, "mtu", mtu)
+    return mtu
+
+
+def _mtu_heal(h, value):
+    in_host(h, "ip", "link", "set", SERVE_RAIL, "mtu", "9000")
+
+
+def _link_down(h, value):
+    in_host(h, "ip", "link", "set", SERVE_RAIL, "down")
+    return "down"
+
+
+def _link_heal(h, value):
+    in_host(h, "ip", "link", "set", SERVE_RAIL, "up")
+
+
+def _no_ip(h, value):
+    in_host(h, "ip", "addr", "flush", "dev", SERVE_RAIL)
+    return _rail_ip(h)
+
+
+def _no_ip_heal(h, value):
+    have = in_host(h, "ip", "-br", "-4", "addr", "show", "dev", SERVE_RAIL).stdout
+    if _rail_ip(h) not in have:
+        in_host(h, "ip", "addr", "add", _rail_ip(h), "dev", SERVE_RAIL)
+
+
+def _gid_index(h, value):
+    v = value or "5"
+    if v != "none" and not (v.isdigit() and int(v) >= 3 and int(v) % 2 == 1):
+        raise UsageError(f"lab.fault gid-index: {v!r}: an odd index >= 3 (where the IPv4 RoCE v2 GID lands), or none")
+    _write(h, "gid-index", v)
+    return v
+
+
+def _state_heal(name):
+    return lambda h, value: _remove(h, name)
+
+
+def _ntp(h, value):
+    _write(h, "ntp", "no")
+    return "no"
+
+
+def _clock_skew(h, value):
+    secs = value or "30"
+    try:
+        float(secs)
+    except ValueError:
+        raise UsageError(f"lab.fault clock-skew: {secs!r} is not a number of seconds")
+    _write(h, "clock-skew", f"{'+' if not secs.startswith('-') else ''}{secs}")
+    restart_sshd(h)  # sessions pick the shifted clock up from sshd's SetEnv
+    return secs
+
+
+def _clock_heal(h, value):
+    _remove(h, "clock-skew")
+    restart_sshd(h)
+
+
+def _gpu_busy(h, value):
+    mib = int(value or 8710)
+    p = subprocess.Popen(["nsenter", "-t", str(_anchor(h)), "-n", "-m", "-u", "--", "/usr/bin/python3", "-c",
+                          "import time\nwhile True: time.sleep(3600)"],
+                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    # without -p, nsenter execs the command itself: p.pid is the python process
+    _write(h, "gpu-busy", json.dumps({"pid": p.pid, "name": "python3", "mib": mib}))
+    return str(mib)
+
+
+def _gpu_busy_heal(h, value):
+    kill_recorded(h)
+
+
+def kill_recorded(h: LabHost) -> None:
+    try:
+        info = json.loads((h.state / "gpu-busy").read_text())
+    except (OSError, ValueError):
+        return
+    pid = info.get("pid")
+    if _pid_alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _remove(h, "gpu-busy")
+
+
+def _no_gpu(h, value):
+    v = value or "gb300"
+    if v not in ("gb300", "all"):
+        raise UsageError(f"lab.fault no-gpu: {v!r}: gb300 (only the display GPU left) or all")
+    _write(h, "no-gpu", v)
+    return v
+
+
+def _disk_full(h, value):
+    mb = value or "64"
+    if not mb.isdigit():
+        raise UsageError(f"lab.fault disk-full: {mb!r} is not a size in MB")
+    in_host(h, "mkdir", "-p", "/root/models")
+    in_host(h, "mount", "-t", "tmpfs", "-o", f"size={mb}m", "railyard-lab-small", "/root/models")
+    return mb
+
+
+def _disk_heal(h, value):
+    in_host(h, "umount", "/root/models", check=False)
+
+
+def _sshd_down(h, value):
+    stop_sshd(h)
+    return "stopped"
+
+
+def _sshd_heal(h, value):
+    start_sshd(h)
+
+
+def _host_key_changed(h, value):
+    orig = h.host_key.with_name(h.host_key.name + ".orig")
+    if not orig.exists():
+        h.host_key.rename(orig)
+        h.host_key.with_suffix(".pub").rename(orig.with_name(orig.name + ".pub"))
+    else:
+        h.host_key.unlink(missing_ok=True)
+        h.host_key.with_suffix(".pub").unlink(missing_ok=True)
+    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"host-{h.name}-new", "-f", str(h.host_key))
+    restart_sshd(h)
+    return "new key"
+
+
+def _host_key_heal(h, value):
+    orig = h.host_key.with_name(h.host_key.name + ".orig")
+    if orig.exists():
+        orig.replace(h.host_key)
+        orig.with_name(orig.name + ".pub").replace(h.host_key.with_suffix(".pub"))
+        restart_sshd(h)
+
+
+def _missing_tool(h, value):
+    tool = value or "ibdev2netdev"
+    if tool not in SIM_TOOLS:
+        raise UsageError(f"lab.fault missing-tool: {tool!r}: one of {', '.join(SIM_TOOLS)}")
+    (h.bin / tool).unlink(missing_ok=True)
+    gone = set(json.loads(_read(h, "missing-tools.json") or "[]")) | {tool}
+    _write(h, "missing-tools.json", json.dumps(sorted(gone)))
+    return tool
+
+
+def _missing_tool_heal(h, value):
+    gone = json.loads(_read(h, "missing-tools.json") or "[]")
+    for tool in gone:
+        link = h.bin / tool
+        if not link.is_symlink():
+            link.symlink_to(h.root / "sim" / "tools.py")
+    _remove(h, "missing-tools.json")
+
+
+def _read(h: LabHost, name: str) -> str | None:
+    try:
+        return (h.state / name).read_text()
+    except OSError:
+        return None
+
+
+def _docker_down(h, value):
+    v = value or "stopped"
+    if v not in ("stopped", "permission"):
+        raise UsageError(f"lab.fault docker-down: {v!r}: stopped or permission")
+    _write(h, "docker-down", v)
+    return v
+
+
+def _image_mismatch(h, value):
+    images_file = h.dir / "docker" / "images.json"
+    images = json.loads(images_file.read_text())
+    backup = h.dir / "docker" / "images.json.orig"
+    if not backup.exists():
+        backup.write_text(json.dumps(images))
+    import hashlib
+    other = "sha256:" + hashlib.sha256(f"another build {h.name}".encode()).hexdigest()
+    images_file.write_text(json.dumps({name: other for name in images}))
+    return other
+
+
+def _image_heal(h, value):
+    backup = h.dir / "docker" / "images.json.orig"
+    if backup.exists():
+        backup.replace(h.dir / "docker" / "images.json")
+
+
+def _anchor(h: LabHost) -> int:
+    from . import anchor_pid
+    return anchor_pid(h)
+
+
+FAULTS: dict[str, tuple[Callable, Callable, str]] = {
+    "mtu": (_mtu, _mtu_heal, "set the serving rail's MTU (default 1500)"),
+    "link-down": (_link_down, _link_heal, "take the serving rail's link down"),
+    "no-ip": (_no_ip, _no_ip_heal, "remove the serving rail's IPv4 address"),
+    "gid-index": (_gid_index, _state_heal("gid-index"), "move the RoCE v2 IPv4 GID to index N (odd, default 5), or none"),
+    "ntp-unsynced": (_ntp, _state_heal("ntp"), "timedatectl reports the clock not synchronized"),
+    "clock-skew": (_clock_skew, _clock_heal, "shift the host's clock by N seconds (default 30, libfaketime)"),
+    "gpu-busy": (_gpu_busy, _gpu_busy_heal, "a live compute process holds N MiB on the GB300 (default 8710)"),
+    "no-gpu": (_no_gpu, _state_heal("no-gpu"), "the GB300 is gone (gb300), or every GPU (all)"),
+    "disk-full": (_disk_full, _disk_heal, "put the model directory on a small tmpfs (default 64 MB)"),
+    "sshd-down": (_sshd_down, _sshd_heal, "stop the host's sshd"),
+    "host-key-changed": (_host_key_changed, _host_key_heal, "give the host a new SSH host key"),
+    "missing-tool": (_missing_tool, _missing_tool_heal, "remove a tool from the host's PATH (default ibdev2netdev)"),
+    "docker-down": (_docker_down, _state_heal("docker-down"), "the Docker daemon is unreachable (stopped or permission)"),
+    "image-mismatch": (_image_mismatch, _image_heal, "the host holds another digest of the pinned image"),
+}
+
+
+def fault(host: str, kind: str, value: str | None = None, path: str | None = None) -> str:
+    if kind not in FAULTS:
+        raise UsageError(f"lab.fault: unknown fault {kind!r} (one of: {', '.join(FAULTS)})")
+    h = lab_host(lab_dir(path), host)
+    recorded = FAULTS[kind][0](h, value)
+    _record(h, kind, recorded)
+    return f"{host}: {kind} {recorded}"
+
+
+def heal(host: str | None = None, path: str | None = None) -> list[str]:
+    root = lab_dir(path)
+    hosts = [lab_host(root, host)] if host else hosts_of(root)
+    done = []
+    for h in hosts:
+        for kind, value in active(h).items():
+            try:
+                FAULTS[kind][1](h, value)
+            except LabError:
+                raise
+            done.append(f"{h.name}: healed {kind}")
+            _record(h, kind, None)
+    return done
