@@ -1,0 +1,142 @@
+"""What each `inv` task does. tasks.py parses the flags and calls one function here.
+
+Every function returns an exit code; `entry` turns expected failures into one line on
+stderr and that code (2 for usage and inventory errors), never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+from invoke.exceptions import Exit
+from rich.table import Table
+from rich.text import Text
+
+from .errors import InventoryError, RailyardError
+from .inventory import Inventory, load_inventory
+from .report import console, print_checks
+
+
+def entry(fn):
+    """Run a task body: expected errors become a message and an exit code."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            code = fn(*args, **kwargs)
+        except InventoryError as e:
+            for p in e.problems:
+                print(f"error: {p}", file=sys.stderr)
+            raise Exit(code=e.exit_code)
+        except RailyardError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise Exit(code=e.exit_code)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            raise Exit(code=130)
+        if code:
+            raise Exit(code=code)
+    return wrapper
+
+
+def _inventory(path: str | None, overrides) -> Inventory:
+    return load_inventory(path, overrides)
+
+
+@entry
+def preflight(inventory: str | None = None, json_out: bool = False, overrides=None) -> int:
+    from .preflight import run_preflight
+    inv = _inventory(inventory, overrides)
+    if not json_out:
+        console(stderr=True).print(f"preflight: {len(inv.hosts)} host(s) from {inv.path}", style="dim")
+    results = run_preflight(inv)
+    print_checks(results, json_out, f"railyard preflight — {inv.path.name}")
+    return 1 if any(r.status == "fail" for r in results) else 0
+
+
+@entry
+def trust_hosts(inventory: str | None = None, hosts: str | None = None, accept: bool = False,
+                replace: bool = False, overrides=None) -> int:
+    from .hostkeys import record, scan_all
+    inv = _inventory(inventory, overrides)
+    statuses = scan_all(inv.select(hosts))
+    t = Table(title="SSH host keys", title_justify="left")
+    for col in ("host", "known_hosts name", "key", "fingerprint", "status"):
+        t.add_column(col, no_wrap=col != "status")
+    code = 0
+    for st in statuses:
+        action = st.status
+        if st.status == "unknown" and accept:
+            record(st)
+            action = "recorded"
+        elif st.status == "changed" and replace:
+            record(st)
+            action = "replaced"
+        elif st.status in ("unknown", "changed", "unreachable"):
+            code = 1
+        style = {"known": "green", "recorded": "green", "replaced": "yellow", "unknown": "yellow"}.get(action, "bold red")
+        t.add_row(st.host, st.name, st.key.get_name() if st.key else "-", st.fingerprint or "-",
+                  Text(f"{action}: {st.detail}", style=style))
+    con = console()
+    con.print(t)
+    if any(s.status == "unknown" for s in statuses) and not accept:
+        con.print("Compare each fingerprint with the host's own (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` "
+                  "on its console); then record them with --accept.", style="yellow")
+    if any(s.status == "changed" for s in statuses) and not replace:
+        con.print("A CHANGED key means the host was reinstalled or someone is in the middle. Verify it out of band, "
+                  "then replace it with --replace.", style="bold red")
+    return code
+
+
+# ---------------------------------------------------------------- lab
+
+@entry
+def lab_up(hosts: int = 2) -> int:
+    from . import lab
+    path = lab.up(hosts, log=lambda m: print(m, file=sys.stderr))
+    print(path)
+    return 0
+
+
+@entry
+def lab_down() -> int:
+    from . import lab
+    lab.down(log=lambda m: print(m, file=sys.stderr))
+    return 0
+
+
+@entry
+def lab_fault(host: str, kind: str, value: str | None = None) -> int:
+    from .lab import faults
+    print(faults.fault(host, kind, value))
+    return 0
+
+
+@entry
+def lab_heal(host: str | None = None) -> int:
+    from .lab import faults
+    done = faults.heal(host)
+    print("\n".join(done) if done else "nothing to heal")
+    return 0
+
+
+@entry
+def lab_ssh(host: str, command: list[str] | None = None) -> int:
+    from . import lab
+    root = lab.lab_dir()
+    h = lab.lab_host(root, host)
+    argv = lab.ssh_argv(root, h, command)
+    if command:
+        return subprocess.run(argv).returncode
+    if sys.stdin.isatty():
+        argv.insert(1, "-t")
+    os.execvp(argv[0], argv)
+    return 0
+
+
+def remainder(argv: list[str] | None = None) -> list[str]:
+    """The words after `--` on the command line (invoke keeps them away from tasks)."""
+    argv = sys.argv if argv is None else argv
+    return argv[argv.index("--") + 1:] if "--" in argv else []

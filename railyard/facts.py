@@ -1,0 +1,404 @@
+"""Pure parsers: tool output text -> typed values. No I/O here.
+
+Each is tested on real captured output in tests/fixtures/real/.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import dataclass, field
+
+
+class ParseError(ValueError):
+    """The text is not what the tool prints."""
+
+
+# ---------------------------------------------------------------- ibdev2netdev
+
+@dataclass(frozen=True)
+class IbDevMap:
+    hca: str
+    port: int
+    netdev: str
+    up: bool
+    line: str
+
+
+_IBDEV_RE = re.compile(r"^\s*(\S+) port (\d+) ==> (\S+) \((\w+)\)\s*$")
+
+
+def parse_ibdev2netdev(text: str) -> list[IbDevMap]:
+    """`mlx5_1 port 1 ==> cx8r1 (Up)` per line."""
+    out = []
+    for line in text.splitlines():
+        m = _IBDEV_RE.match(line)
+        if m:
+            out.append(IbDevMap(m[1], int(m[2]), m[3], m[4] == "Up", line.strip()))
+    return out
+
+
+# ---------------------------------------------------------------- ip
+
+@dataclass(frozen=True)
+class IfAddr:
+    name: str
+    state: str
+    ipv4: list[str]  # "198.18.101.11/24"
+    line: str
+
+
+def _ifname(raw: str) -> str:
+    # veth ends show as `cx8r1@if13`; real NICs as plain names
+    return raw.split("@", 1)[0].rstrip(":")
+
+
+def parse_ip_br_addr(text: str) -> dict[str, IfAddr]:
+    """`ip -br addr`: `cx8r1            UP             192.168.101.1/24 fe80::1/64`."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        name = _ifname(parts[0])
+        v4 = [p for p in parts[2:] if re.match(r"^\d+\.\d+\.\d+\.\d+/\d+$", p)]
+        out[name] = IfAddr(name, parts[1], v4, " ".join(parts[:2] + v4))
+    return out
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    mtu: int
+    flags: tuple[str, ...]
+    state: str
+    line: str
+
+    @property
+    def up(self) -> bool:
+        return "UP" in self.flags and "LOWER_UP" in self.flags
+
+
+_LINK_RE = re.compile(r"^\d+:\s+(\S+?):\s+<([^>]*)>.*?\bmtu (\d+)(?:.*?\bstate (\S+))?")
+
+
+def parse_ip_link(text: str) -> dict[str, Link]:
+    """`ip -o link show`: `3: cx8r1@if13: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 ... state UP ...`."""
+    out = {}
+    for line in text.splitlines():
+        m = _LINK_RE.match(line)
+        if m:
+            name = _ifname(m[1])
+            short = re.sub(r"\s+(qdisc|mode|group|qlen)\s+\S+", "", line.split("\\")[0]).strip()
+            out[name] = Link(name, int(m[3]), tuple(m[2].split(",")), m[4] or "UNKNOWN", short)
+    return out
+
+
+@dataclass(frozen=True)
+class Route:
+    dest: str
+    dev: str | None
+    src: str | None
+    via: str | None
+    line: str
+
+
+def parse_route_get(text: str) -> list[Route]:
+    """`ip -o route get X` lines: `198.18.101.12 dev cx8r1 src 198.18.101.11 uid 0 \\    cache`."""
+    out = []
+    for line in text.splitlines():
+        parts = line.replace("\\", " ").split()
+        if not parts or not re.match(r"^\d+\.\d+\.\d+\.\d+$", parts[0]):
+            continue
+
+        def after(word):
+            return parts[parts.index(word) + 1] if word in parts[:-1] else None
+
+        out.append(Route(parts[0], after("dev"), after("src"), after("via"), " ".join(line.split("\\")[0].split())))
+    return out
+
+
+# ---------------------------------------------------------------- ethtool
+
+@dataclass(frozen=True)
+class Ethtool:
+    speed_mbps: int | None
+    speed_text: str | None
+    link_detected: bool | None
+
+
+def parse_ethtool(text: str) -> Ethtool:
+    """`Speed: 400000Mb/s` / `Speed: Unknown!` and `Link detected: yes|no`."""
+    speed = speed_text = link = None
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("Speed:"):
+            speed_text = s.split(":", 1)[1].strip()
+            m = re.match(r"(\d+)\s*Mb/s", speed_text)
+            speed = int(m[1]) if m else None
+        elif s.startswith("Link detected:"):
+            link = s.split(":", 1)[1].strip() == "yes"
+    return Ethtool(speed, speed_text, link)
+
+
+# ---------------------------------------------------------------- ping
+
+@dataclass(frozen=True)
+class Ping:
+    transmitted: int
+    received: int
+    errors: int
+    loss_pct: float
+    rtt_avg_ms: float | None
+    local_errors: list[str] = field(default_factory=list)
+    summary: str = ""
+
+
+def parse_ping(text: str) -> Ping:
+    """iputils summary `3 packets transmitted, 3 received, [+3 errors, ]0% packet loss, time 2003ms`."""
+    tx = rx = err = 0
+    loss = 100.0
+    avg = None
+    summary = ""
+    local = []
+    found = False
+    for line in text.splitlines():
+        s = line.strip()
+        m = re.match(r"(\d+) packets transmitted, (\d+) (?:packets )?received,(?: \+(\d+) errors,)?"
+                     r"(?: \+\d+ duplicates,)? ([\d.]+)% packet loss", s)
+        if m:
+            found = True
+            tx, rx, err, loss = int(m[1]), int(m[2]), int(m[3] or 0), float(m[4])
+            summary = s
+            continue
+        m = re.match(r"(?:rtt|round-trip) min/avg/max(?:/mdev|/stddev)? = [\d.]+/([\d.]+)/", s)
+        if m:
+            avg = float(m[1])
+        elif "error" in s.lower() or "too long" in s.lower() or s.startswith("ping:") or "Frag needed" in s:
+            if s not in local:
+                local.append(s)
+    if not found:
+        raise ParseError("no ping statistics line")
+    return Ping(tx, rx, err, loss, avg, local, summary)
+
+
+# ---------------------------------------------------------------- show_gids
+
+@dataclass(frozen=True)
+class RoceGid:
+    dev: str
+    port: int
+    index: int
+    gid: str
+    ipv4: str | None
+    ver: str
+    netdev: str | None
+
+
+_GID_RE = re.compile(r"^[0-9a-fA-F]{4}(:[0-9a-fA-F]{4}){7}$")
+
+
+def parse_show_gids(text: str) -> list[RoceGid]:
+    """Rows `DEV PORT INDEX GID [IPv4] VER [DEV]`, tab or space separated, maybe indented."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 5 or not parts[1].isdigit() or not parts[2].isdigit() or not _GID_RE.match(parts[3]):
+            continue
+        rest = parts[4:]
+        ipv4 = None
+        if rest and re.match(r"^\d+\.\d+\.\d+\.\d+$", rest[0]):
+            ipv4, rest = rest[0], rest[1:]
+        if not rest or rest[0] not in ("v1", "v2"):
+            continue
+        netdev = rest[1] if len(rest) > 1 else None
+        out.append(RoceGid(parts[0], int(parts[1]), int(parts[2]), parts[3].lower(), ipv4, rest[0], netdev))
+    return out
+
+
+def roce_v2_index(gids: list[RoceGid], hca: str, ipv4: str) -> int | None:
+    """The GID index NCCL_IB_GID_INDEX needs: RoCE v2, this HCA, this IPv4. Never assumed."""
+    for g in gids:
+        if g.dev == hca and g.ipv4 == ipv4 and g.ver == "v2":
+            return g.index
+    return None
+
+
+# ---------------------------------------------------------------- timedatectl
+
+@dataclass(frozen=True)
+class NtpStatus:
+    synchronized: bool | None
+    service: str | None  # active / inactive / n/a, or NTP=yes/no from `show`
+    line: str
+
+
+def parse_timedatectl(text: str) -> NtpStatus:
+    """`timedatectl show` (NTPSynchronized=yes) or the human layouts, modern and legacy."""
+    synced = service = None
+    line = ""
+    for raw in text.splitlines():
+        s = raw.strip()
+        if "=" in s and ":" not in s.split("=", 1)[0]:
+            k, v = s.split("=", 1)
+            if k == "NTPSynchronized":
+                synced, line = v.strip() == "yes", s
+            elif k == "NTP":
+                service = "active" if v.strip() == "yes" else "inactive"
+            continue
+        if ":" not in s:
+            continue
+        k, v = (x.strip() for x in s.split(":", 1))
+        if k in ("System clock synchronized", "NTP synchronized"):
+            synced, line = v == "yes", s
+        elif k in ("NTP service", "NTP enabled", "Network time on", "systemd-timesyncd.service active"):
+            service = v.lower()
+    return NtpStatus(synced, service, line)
+
+
+# ---------------------------------------------------------------- nvidia-smi
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_used_mib: int
+    memory_total_mib: int
+
+
+def _csv_rows(text: str) -> list[list[str]]:
+    rows = []
+    for row in csv.reader(io.StringIO(text), skipinitialspace=True):
+        if row and any(c.strip() for c in row):
+            rows.append([c.strip() for c in row])
+    return rows
+
+
+def _mib(v: str) -> int:
+    v = v.replace("MiB", "").strip()
+    return int(v) if v.isdigit() else 0
+
+
+def parse_gpus(text: str) -> list[Gpu]:
+    """`--query-gpu=index,uuid,name,memory.used,memory.total --format=csv,noheader,nounits`."""
+    out = []
+    for row in _csv_rows(text):
+        if len(row) != 5 or not row[0].isdigit():
+            if row and row[0] == "index":
+                continue  # a header line
+            raise ParseError(f"unexpected nvidia-smi row: {', '.join(row)}")
+        out.append(Gpu(int(row[0]), row[1], row[2], _mib(row[3]), _mib(row[4])))
+    return out
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    gpu_uuid: str
+    pid: int
+    name: str
+    used_mib: int
+
+
+def parse_compute_apps(text: str) -> list[GpuProcess]:
+    """`--query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits`; empty when idle."""
+    out = []
+    for row in _csv_rows(text):
+        if row[0] == "gpu_uuid":
+            continue
+        if len(row) != 4 or not row[1].isdigit():
+            raise ParseError(f"unexpected nvidia-smi row: {', '.join(row)}")
+        out.append(GpuProcess(row[0], int(row[1]), row[2], _mib(row[3])))
+    return out
+
+
+def select_gpu(gpus: list[Gpu], selector: str) -> list[Gpu]:
+    """GPUs whose name contains the selector, case-insensitively (`GB300` never matches `RTX PRO`)."""
+    return [g for g in gpus if selector.lower() in g.name.lower()]
+
+
+# ---------------------------------------------------------------- df / du
+
+@dataclass(frozen=True)
+class DiskFree:
+    filesystem: str
+    size: int
+    used: int
+    avail: int
+    mount: str
+
+
+def parse_df(text: str) -> DiskFree:
+    """`df -P -B1 PATH`: a header, then `fs size used avail cap% mount`."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in lines[1:]:
+        parts = line.split()
+        if len(parts) >= 6 and parts[1].isdigit():
+            return DiskFree(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), " ".join(parts[5:]))
+    raise ParseError("no df row")
+
+
+def parse_du(text: str) -> int | None:
+    """`du -sb PATH` -> bytes."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0].isdigit():
+            return int(parts[0])
+    return None
+
+
+# ---------------------------------------------------------------- docker
+
+@dataclass(frozen=True)
+class DockerVersion:
+    client: str | None
+    server: str | None
+    error: str | None
+
+
+def parse_docker_version(text: str) -> DockerVersion:
+    """`docker version`: a Client section, then a Server section only when the daemon answered."""
+    client = server = err = None
+    section = None
+    for line in text.splitlines():
+        if line.startswith("Client"):
+            section = "client"
+        elif line.startswith("Server"):
+            section = "server"
+        elif line.strip().startswith("Version:"):
+            v = line.split(":", 1)[1].strip()
+            if section == "client" and client is None:
+                client = v
+            elif section == "server" and server is None:
+                server = v
+        elif ("Cannot connect to the Docker daemon" in line or "permission denied" in line
+              or "Error response from daemon" in line or line.startswith("error during connect")):
+            err = line.strip()
+    return DockerVersion(client, server, err)
+
+
+@dataclass(frozen=True)
+class DockerImage:
+    id: str
+    repo_digests: list[str]
+    repo_tags: list[str]
+    architecture: str
+    os: str
+
+    def digests(self) -> set[str]:
+        return {d.split("@", 1)[1] for d in self.repo_digests if "@" in d}
+
+
+def parse_image_inspect(text: str) -> list[DockerImage]:
+    """`docker image inspect REF`: a JSON array (`[]` when missing)."""
+    start = text.find("[")
+    if start < 0:
+        raise ParseError("no JSON array")
+    try:
+        docs, _ = json.JSONDecoder().raw_decode(text[start:])
+    except ValueError as e:
+        raise ParseError(f"bad JSON: {e}") from None
+    return [DockerImage(d.get("Id", ""), d.get("RepoDigests") or [], d.get("RepoTags") or [],
+                        d.get("Architecture", ""), d.get("Os", "")) for d in docs]

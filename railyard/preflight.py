@@ -1,0 +1,167 @@
+"""`inv preflight`: every host in parallel, read-only, one connection and one round trip each.
+
+Exit codes: 0 every check passed (warnings allowed), 1 a check failed, 2 usage or
+inventory error. `--json` prints exactly one document:
+
+    {"ok": bool, "checks": [{"host", "check", "status", "detail", "evidence", "hint"}]}
+
+status is one of pass, warn, fail, skip.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from . import checks as C
+from .inventory import Host, Inventory
+from .probe import Output, Section, fan_out, joined_script, new_token, split_output
+from .runner import Runner
+from .transport import RemotePath, Session, cmd
+
+DOCKER_TIMEOUT = 15
+
+
+def sections_for(host: Host, inv: Inventory) -> list[Section]:
+    """The probes for one host: read-only commands, each with the tool it needs."""
+    v = host.vars
+    rail = host.serve_rail
+    peers = [p for p in inv.hosts if p.name != host.name]
+    image = v["vllm_image"]
+    model = RemotePath(v["model_path"])
+    size = v["preflight_mtu"] - 28
+    count = v["preflight_ping_count"]
+    deadline = int(count * 0.2 + 3)
+    pings = fan_out([(p.serve_rail.ip, cmd("ping", "-I", rail.name, "-M", "do", "-s", size, "-c", count,
+                                           "-i", "0.2", "-W", "1", "-w", deadline, "-q", p.serve_rail.ip))
+                     for p in peers])
+    routes = cmd("printf", "route get %s\\n", *[p.serve_rail.ip for p in peers]) + " | ip -o -force -batch -"
+    sections = [
+        Section("docker_version", cmd("docker", "version"), "docker", DOCKER_TIMEOUT),
+        Section("image", cmd("docker", "image", "inspect", image), "docker", DOCKER_TIMEOUT),
+        Section("image_tag", cmd("docker", "image", "inspect", image.split("@", 1)[0]), "docker", DOCKER_TIMEOUT),
+        Section("ibdev2netdev", cmd("ibdev2netdev"), "ibdev2netdev"),
+        Section("ip_addr", cmd("ip", "-br", "addr", "show"), "ip"),
+        Section("ip_link", cmd("ip", "-o", "link", "show"), "ip"),
+        Section("ethtool", cmd("ethtool", rail.name), "ethtool"),
+        Section("gids", cmd("show_gids", rail.hca), "show_gids"),
+        Section("time", cmd("timedatectl", "show") + " 2>/dev/null || " + cmd("timedatectl"), "timedatectl"),
+        Section("df", f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -P -B1 \"$p\"", "df"),
+        Section("du", f"if [ -d {model} ]; then du -sb --exclude=.cache {model}; fi", "du", 60),
+        Section("gpus", cmd("nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total",
+                            "--format=csv,noheader,nounits"), "nvidia-smi"),
+        Section("gpu_apps", cmd("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                                "--format=csv,noheader,nounits"), "nvidia-smi"),
+    ]
+    if peers:
+        sections.append(Section("ping", pings, "ping", deadline + 5))
+        sections.append(Section("route", routes, "ip"))
+    if host.is_head and inv.workers:
+        sections.append(Section("ssh_peer", fan_out([
+            (w.serve_rail.ip, cmd("ssh", "-n", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                                  "-o", "ConnectTimeout=5", *(["-l", w.user] if w.user else []), w.serve_rail.ip, "hostname"))
+            for w in inv.workers]), "ssh", 15))
+    return sections
+
+
+@dataclass
+class HostProbe:
+    host: Host
+    outputs: dict[str, Output] | None  # None: we never got onto the host
+    clock: C.ClockSample | None
+    ssh: C.CheckResult
+
+
+def probe_host(session: Session, inv: Inventory) -> HostProbe:
+    h = session.host
+    started = time.monotonic()
+    err = session.connect()
+    if err:
+        return HostProbe(h, None, None, C.CheckResult(h.name, "ssh", C.FAIL, f"{err.kind}: {err.message}",
+                                                      err.fingerprint, err.hint))
+    connect_s = time.monotonic() - started
+    t0 = time.time()
+    r = session.run("date +%s.%N; hostname")
+    t1 = time.time()
+    if r.error:
+        return HostProbe(h, None, None, C.CheckResult(h.name, "ssh", C.FAIL, f"{r.error.kind}: {r.error.message}",
+                                                      "", r.error.hint))
+    clock = None
+    lines = r.stdout.split()
+    try:
+        clock = C.ClockSample(float(lines[0]) - (t0 + t1) / 2, (t1 - t0) / 2)
+    except (ValueError, IndexError):
+        pass
+    remote_name = lines[1] if len(lines) > 1 else "?"
+    how = "local" if h.is_local else f"{h.user + '@' if h.user else ''}{h.address}:{h.port}"
+    ssh = C.CheckResult(h.name, "ssh", C.PASS, f"{how} (hostname {remote_name})",
+                        f"connected in {connect_s * 1000:.0f} ms" if not h.is_local else "connection: local")
+    sections = sections_for(h, inv)
+    token = new_token()
+    timeout = max(s.timeout for s in sections) + 10
+    res = session.run(joined_script(sections, token), timeout=timeout)
+    if res.error:
+        ssh = C.CheckResult(h.name, "ssh", C.FAIL, f"{res.error.kind}: {res.error.message}", "", res.error.hint)
+        return HostProbe(h, None, clock, ssh)
+    return HostProbe(h, split_output(res.stdout, sections, token), clock, ssh)
+
+
+def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult]:
+    """Turn every host's probe outputs into check results (cross-host checks included)."""
+    per: dict[str, dict[str, C.CheckResult]] = {h.name: {} for h in inv.hosts}
+    reachable = [h for h in inv.hosts if probes[h.name].outputs is not None]
+    for h in inv.hosts:
+        p = probes[h.name]
+        per[h.name]["ssh"] = p.ssh
+        if p.outputs is None:
+            for name in C.CHECKS[1:]:
+                if name == "ssh_peer" and not h.is_head:
+                    continue
+                per[h.name][name] = C.CheckResult(h.name, name, C.SKIP, "host not reachable (see the ssh check)")
+    image_ids: dict[str, str] = {}
+    for h in reachable:
+        o = probes[h.name].outputs
+        peers = [p for p in inv.hosts if p.name != h.name]
+        r = per[h.name]
+        r["docker"] = C.check_docker(h, o["docker_version"])
+        r["image"] = C.check_image(h, o["image"], o["image_tag"], r["docker"].status == C.PASS)
+        if r["image"].status == C.PASS:
+            from .facts import parse_image_inspect
+            image_ids[h.name] = parse_image_inspect(o["image"].text)[0].id
+        r["rail_link"] = C.check_rail_link(h, o["ibdev2netdev"])
+        r["rail_ip"] = C.check_rail_ip(h, o["ip_addr"])
+        r["link_speed"] = C.check_link_speed(h, o["ethtool"])
+        r["jumbo_ping"] = C.check_jumbo_ping(h, o.get("ping"), peers) if peers else \
+            C.CheckResult(h.name, "jumbo_ping", C.SKIP, "no peers")
+        r["route"] = C.check_route(h, o.get("route"), peers) if peers else \
+            C.CheckResult(h.name, "route", C.SKIP, "no peers")
+        r["gid"] = C.check_gid(h, o["gids"])
+        r["ntp"] = C.check_ntp(h, o["time"])
+        r["disk"] = C.check_disk(h, o["df"], o["du"])
+        r["gpu"] = C.check_gpu(h, o["gpus"], o["gpu_apps"])
+        if h.is_head:
+            r["ssh_peer"] = C.check_ssh_peer(h, o.get("ssh_peer"), inv.workers) if inv.workers else \
+                C.CheckResult(h.name, "ssh_peer", C.SKIP, "no workers")
+    for name, res in C.cross_image({h.name: per[h.name]["image"] for h in reachable}, image_ids,
+                                   inv.head.vars["vllm_image"]).items():
+        per[name]["image"] = res
+    for name, res in C.check_mtu(reachable, {h.name: probes[h.name].outputs["ip_link"] for h in reachable}).items():
+        per[name]["mtu"] = res
+    for name, res in C.check_clock_skew(reachable, {h.name: probes[h.name].clock for h in reachable}).items():
+        per[name]["clock_skew"] = res
+    out = []
+    for h in inv.hosts:
+        for name in C.CHECKS:
+            if name in per[h.name]:
+                out.append(per[h.name][name])
+    return out
+
+
+def run_preflight(inv: Inventory) -> list[C.CheckResult]:
+    with Runner(inv.hosts) as runner:
+        probes = runner.each(lambda s: probe_host(s, inv))
+    for name, p in list(probes.items()):
+        if not isinstance(p, HostProbe):  # a bug inside one host's probe: report it, keep the rest
+            h = inv.host(name)
+            probes[name] = HostProbe(h, None, None, C.CheckResult(name, "ssh", C.FAIL, str(p.error), "", p.error.hint))
+    return evaluate(inv, probes)

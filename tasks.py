@@ -1,0 +1,64 @@
+"""railyard tasks. Each parses its flags and calls the library; `inv --help TASK` shows the flags.
+
+Inventory: `--inventory PATH` on every task, or RAILYARD_INVENTORY.
+Exit codes: 0 ok, 1 a check or operation failed, 2 usage or inventory error.
+"""
+
+from invoke import Collection, task
+
+from railyard import cli
+
+INVENTORY = "inventory YAML file (default: $RAILYARD_INVENTORY)"
+SET = "override a variable, KEY=VALUE (repeatable; highest precedence)"
+JSON = "print one JSON document instead of the table"
+
+
+@task(help={"inventory": INVENTORY, "json": JSON, "set": SET}, iterable=["set_"])
+def preflight(c, inventory=None, json=False, set_=None):
+    """Check every host before launch: rails, MTU, jumbo ping, GID, clocks, disk, GPU, Docker, image, SSH."""
+    cli.preflight(inventory, json, set_)
+
+
+@task(name="trust-hosts",
+      help={"inventory": INVENTORY, "hosts": "only these hosts, comma-separated (default: all)",
+            "accept": "record keys not yet in known_hosts", "replace": "replace keys that CHANGED (verify first!)",
+            "set": SET}, iterable=["set_"])
+def trust_hosts(c, inventory=None, hosts=None, accept=False, replace=False, set_=None):
+    """Show each host's SSH host key fingerprint; record it only with --accept (or --replace)."""
+    cli.trust_hosts(inventory, hosts, accept, replace, set_)
+
+
+@task(name="up", help={"hosts": "number of test hosts (A, B, C, ...); default 2"})
+def lab_up(c, hosts=2):
+    """Start the lab: N test hosts as network namespaces with sshd, rails and simulated GPU tools."""
+    cli.lab_up(int(hosts))
+
+
+@task(name="down")
+def lab_down(c):
+    """Remove everything the lab made: namespaces, links, processes, files."""
+    cli.lab_down()
+
+
+@task(name="fault", help={"host": "lab host, e.g. B", "kind": "fault kind (see the list above)",
+                          "value": "optional value, e.g. an MTU or a number of seconds"})
+def lab_fault(c, host, kind, value=None):
+    """Inject a fault: mtu, link-down, no-ip, gid-index, ntp-unsynced, clock-skew, gpu-busy, no-gpu,
+    disk-full, sshd-down, host-key-changed, missing-tool, docker-down, image-mismatch."""
+    cli.lab_fault(host, kind, value)
+
+
+@task(name="heal", help={"host": "heal only this host (default: every host)"})
+def lab_heal(c, host=None):
+    """Undo the faults injected with lab.fault."""
+    cli.lab_heal(host)
+
+
+@task(name="ssh", help={"host": "lab host, e.g. A"})
+def lab_ssh(c, host):
+    """Open a shell on a lab host, or run one command there: inv lab.ssh A -- ip -br addr."""
+    cli.lab_ssh(host, cli.remainder() or None)
+
+
+lab = Collection("lab", lab_up, lab_down, lab_fault, lab_heal, lab_ssh)
+ns = Collection(preflight, trust_hosts, lab)
