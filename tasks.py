@@ -40,7 +40,7 @@ def lab_down(c):
     cli.lab_down()
 
 
-@task(name="fault", help={"host": "lab host, e.g. B", "kind": "fault kind (see the list above)",
+@task(name="fault", positional=["host", "kind", "value"], optional=["value"], help={"host": "lab host, e.g. B", "kind": "fault kind (see the list above)",
                           "value": "optional value, e.g. an MTU or a number of seconds"})
 def lab_fault(c, host, kind, value=None):
     """Inject a fault: mtu, link-down, no-ip, gid-index, ntp-unsynced, clock-skew, gpu-busy, no-gpu,

@@ -234,6 +234,7 @@ def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
     size = host.vars["preflight_mtu"] - 28
     blocks = split_blocks(out.text)
     fails, oks, evidence = [], [], []
+    mtu_errors = False
     for p in peers:
         ip = p.serve_rail.ip
         rc, text = blocks.get(ip, (None, ""))
@@ -245,16 +246,21 @@ def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
         if ping.received == ping.transmitted and ping.transmitted > 0:
             oks.append(f"{p.name} {ping.received}/{ping.transmitted}" + (f" {ping.rtt_avg_ms:.2f}ms" if ping.rtt_avg_ms else ""))
         else:
-            why = ping.local_errors[0] if ping.local_errors else f"{ping.received}/{ping.transmitted} received"
-            fails.append(f"{p.name} {ip}: {ping.received}/{ping.transmitted} received ({why})")
+            mtu_errors |= any("too long" in e.lower() or "frag needed" in e.lower() for e in ping.local_errors)
+            why = f" ({ping.local_errors[0]})" if ping.local_errors else ""
+            fails.append(f"{p.name} {ip}: {ping.received}/{ping.transmitted} received{why}")
             evidence.append(ping.summary)
     rail = host.serve_rail.name
     if fails:
+        if mtu_errors:
+            hint = (f"an MTU below {host.vars['preflight_mtu']} on the path: compare `ip link show {rail}` on both "
+                    f"ends (mtu check) and any switch in between")
+        else:
+            hint = (f"the peer does not answer over {rail}: check rail_link, rail_ip and mtu on both ends; "
+                    f"a smaller MTU on the receiving side drops jumbo frames silently")
         return CheckResult(host.name, "jumbo_ping", FAIL,
                            f"{size}-byte unfragmented ping over {rail} fails to " + "; ".join(fails),
-                           " | ".join(e for e in evidence if e),
-                           f"an MTU below {host.vars['preflight_mtu']} somewhere on the path: compare "
-                           f"`ip link show {rail}` on both ends (mtu check), and check the link is up")
+                           " | ".join(e for e in evidence if e), hint)
     return CheckResult(host.name, "jumbo_ping", PASS, f"{size} bytes, DF set, over {rail} to " + ", ".join(oks),
                        f"ping -I {rail} -M do -s {size}")
 
