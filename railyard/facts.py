@@ -105,11 +105,16 @@ class Route:
     line: str
 
 
+ROUTE_TYPES = {"local", "broadcast", "unicast", "unreachable", "prohibit", "blackhole", "multicast", "anycast", "throw"}
+
+
 def parse_route_get(text: str) -> list[Route]:
     """`ip -o route get X` lines: `198.18.101.12 dev cx8r1 src 198.18.101.11 uid 0 \\    cache`."""
     out = []
     for line in text.splitlines():
         parts = line.replace("\\", " ").split()
+        if parts and parts[0] in ROUTE_TYPES:
+            parts = parts[1:]
         if not parts or not re.match(r"^\d+\.\d+\.\d+\.\d+$", parts[0]):
             continue
 
@@ -205,16 +210,18 @@ def parse_show_gids(text: str) -> list[RoceGid]:
     out = []
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) < 5 or not parts[1].isdigit() or not parts[2].isdigit() or not _GID_RE.match(parts[3]):
+        # find the GID column; what precedes it may be indentation or a comment marker
+        j = next((i for i, p in enumerate(parts) if i >= 3 and _GID_RE.match(p)), None)
+        if j is None or not parts[j - 2].isdigit() or not parts[j - 1].isdigit():
             continue
-        rest = parts[4:]
+        rest = parts[j + 1:]
         ipv4 = None
         if rest and re.match(r"^\d+\.\d+\.\d+\.\d+$", rest[0]):
             ipv4, rest = rest[0], rest[1:]
         if not rest or rest[0] not in ("v1", "v2"):
             continue
         netdev = rest[1] if len(rest) > 1 else None
-        out.append(RoceGid(parts[0], int(parts[1]), int(parts[2]), parts[3].lower(), ipv4, rest[0], netdev))
+        out.append(RoceGid(parts[j - 3], int(parts[j - 2]), int(parts[j - 1]), parts[j].lower(), ipv4, rest[0], netdev))
     return out
 
 

@@ -478,6 +478,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
 
     # rails
     rails: dict[str, Rail] = {}
+    rail_problems = len(problems)
     raw_rails = values.get("rails", MISSING)
     rfile, rkey = origins.get("rails", (entry.file, f"{entry.keypath}.rails"))
     if raw_rails is MISSING or not raw_rails:
@@ -515,7 +516,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
 
     # values
     serve = values["cluster_serve_rail"]
-    if rails and serve not in rails:
+    if rails and serve not in rails and len(problems) == rail_problems:
         bad("cluster_serve_rail", f"no rail of that name on host {name} (rails: {', '.join(rails)})")
     if not str(values["cluster_gpu_name"]).strip():
         bad("cluster_gpu_name", "must not be empty: a substring of the GPU's nvidia-smi name, like GB300")

@@ -12,7 +12,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from .transport import Sh, q
+from .transport import Sh, q, quote_text
 
 MISSING_MARK = "@@missing "
 
@@ -61,7 +61,7 @@ def joined_script(sections: list[Section], token: str) -> str:
     for s in sections:
         if not re.match(r"^[A-Za-z0-9_.:-]+$", s.key):
             raise ValueError(f"bad section key {s.key!r}")
-        lines.append(f"ry {s.key} {int(s.timeout)} {q(section_body(s))} &")
+        lines.append(f"ry {s.key} {int(s.timeout)} {quote_text(section_body(s))} &")
     lines.append("wait")
     return "\n".join(lines) + "\n"
 

@@ -46,6 +46,11 @@ def q(value: object) -> Sh:
     return Sh(shlex.quote(str(value)))
 
 
+def quote_text(text: str) -> Sh:
+    """Quote shell text (a whole command) so it travels as one argument, e.g. to `sh -c`."""
+    return Sh(shlex.quote(str.__str__(text)))
+
+
 def cmd(*argv: object) -> Sh:
     """`cmd("ping", "-I", iface, peer)` -> one command line with every argument quoted."""
     return Sh(" ".join(q(a) for a in argv))

@@ -1,0 +1,83 @@
+"""The joined probe script and the local transport, run for real under /bin/sh; quoting."""
+
+import subprocess
+
+from railyard.inventory import Host
+from railyard.probe import Section, fan_out, joined_script, new_token, split_blocks, split_output
+from railyard.runner import Runner
+from railyard.transport import LocalSession, RemotePath, cmd, q
+
+
+def local_host(name="L", **vars_) -> Host:
+    v = {"ssh_connect_timeout": 5, "ssh_command_timeout": 30, "ssh_parallel": 4}
+    v.update(vars_)
+    return Host(name, 0, "", 22, "", "local", "", {}, v)
+
+
+def sh(script: str) -> str:
+    return subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True).stdout
+
+
+def test_sections_run_in_parallel_and_split_back():
+    secs = [Section("one", cmd("printf", "a\\nb\\n")), Section("two", "echo two; exit 3"),
+            Section("nl", cmd("printf", "no newline"))]
+    tok = new_token()
+    out = split_output(sh(joined_script(secs, tok)), secs, tok)
+    assert out["one"].text == "a\nb\n" and out["one"].rc == 0
+    assert out["two"].text == "two\n" and out["two"].rc == 3
+    assert out["nl"].text == "no newline\n"
+
+
+def test_missing_tool_is_named_and_timeout_is_reported():
+    secs = [Section("gone", cmd("no-such-tool-xyz", "--flag"), "no-such-tool-xyz"),
+            Section("slow", "sleep 5", None, timeout=1)]
+    tok = new_token()
+    out = split_output(sh(joined_script(secs, tok)), secs, tok)
+    assert out["gone"].missing_tool == "no-such-tool-xyz" and out["gone"].rc == 127
+    assert out["slow"].timed_out
+
+
+def test_sections_do_not_read_stdin_and_foreign_lines_are_ignored():
+    secs = [Section("cat", "cat")]
+    tok = new_token()
+    text = "garbage line\n" + subprocess.run(["/bin/sh", "-c", joined_script(secs, tok)], input="SECRET\n",
+                                             capture_output=True, text=True).stdout
+    out = split_output(text, secs, tok)
+    assert out["cat"].text == "" and out["cat"].rc == 0
+
+
+def test_fan_out_blocks():
+    out = sh(fan_out([("x", cmd("echo", "hello")), ("y", "exit 4")]))
+    blocks = split_blocks(out)
+    assert blocks["x"] == (0, "hello") and blocks["y"][0] == 4
+
+
+def test_hostile_values_stay_values(tmp_path):
+    canary = tmp_path / "pwned"
+    hostile = f"x; touch {canary}; echo $(id) `id` 'quote\" \\"
+    out = sh(cmd("printf", "%s", hostile))
+    assert out == hostile and not canary.exists()
+    assert sh("echo " + q(RemotePath("~/models/a b;rm"))).strip().endswith("/models/a b;rm")
+    assert q(RemotePath("~/x")).startswith('"$HOME"/')
+
+
+def test_local_session_result_and_timeout():
+    s = LocalSession(local_host())
+    r = s.run("echo out; echo err >&2; exit 5")
+    assert (r.rc, r.stdout, r.stderr, r.ok) == (5, "out\n", "err\n", False)
+    r = s.run("sleep 10", timeout=0.5)
+    assert r.error.kind == "timeout" and r.rc is None and r.duration < 5
+
+
+def test_runner_fans_out_and_contains_a_crash():
+    hosts = [local_host("L1"), local_host("L2")]
+    with Runner(hosts) as r:
+        res = r.run(lambda h: cmd("echo", h.name))
+        assert {k: v.stdout.strip() for k, v in res.items()} == {"L1": "L1", "L2": "L2"}
+
+        def boom(session):
+            if session.host.name == "L2":
+                raise RuntimeError("bug")
+            return "fine"
+        out = r.each(boom)
+        assert out["L1"] == "fine" and out["L2"].error.kind == "ssh_error"
