@@ -40,18 +40,22 @@ def lab_down(c):
     cli.lab_down()
 
 
-@task(name="fault", positional=["host", "kind", "value"], optional=["value"], help={"host": "lab host, e.g. B", "kind": "fault kind (see the list above)",
-                          "value": "optional value, e.g. an MTU or a number of seconds"})
-def lab_fault(c, host, kind, value=None):
-    """Inject a fault: mtu, link-down, no-ip, gid-index, ntp-unsynced, clock-skew, gpu-busy, no-gpu,
-    disk-full, sshd-down, host-key-changed, missing-tool, docker-down, image-mismatch."""
-    cli.lab_fault(host, kind, value)
+@task(name="fault", positional=["host", "kind"],
+      help={"host": "lab host, e.g. B", "kind": "fault kind (see the list above); KIND=VALUE also works",
+            "value": "optional value, e.g. an MTU or a number of seconds"})
+def lab_fault(c, host, kind, value=""):
+    """Inject a fault: inv lab.fault B mtu --value 1500 (or B mtu=1500). Kinds: mtu, link-down, no-ip,
+    gid-index, ntp-unsynced, clock-skew, gpu-busy, no-gpu, disk-full, sshd-down, host-key-changed,
+    missing-tool, docker-down, image-mismatch."""
+    if "=" in kind and not value:
+        kind, value = kind.split("=", 1)
+    cli.lab_fault(host, kind, value or None)
 
 
 @task(name="heal", help={"host": "heal only this host (default: every host)"})
-def lab_heal(c, host=None):
+def lab_heal(c, host=""):
     """Undo the faults injected with lab.fault."""
-    cli.lab_heal(host)
+    cli.lab_heal(host or None)
 
 
 @task(name="ssh", help={"host": "lab host, e.g. A"})

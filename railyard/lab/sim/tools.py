@@ -237,7 +237,7 @@ def _table(gpus):
     if not procs:
         print("|  No running processes found                                                             |")
     for idx, (pid, typ, name, mib) in procs:
-        print(f"| {idx:>4}   N/A  N/A  {pid:>14}      {typ}   {name:<36}{str(mib) + 'MiB':>9} |")
+        print(f"| {idx:>4}   N/A  N/A  {pid:>14}      {typ}   {name:<36}{str(mib) + 'MiB':>10} |")
     print("+-----------------------------------------------------------------------------------------+")
 
 

@@ -1,0 +1,112 @@
+"""The lab itself: private homes, simulated tools that follow the kernel, faults, inv lab.*."""
+
+import json
+import shlex
+import subprocess
+
+import pytest
+
+from railyard import facts as F
+from railyard import lab
+from railyard.lab import faults
+
+from .conftest import inv_cmd
+
+pytestmark = pytest.mark.lab
+
+
+def on(host: str, *argv: str) -> subprocess.CompletedProcess:
+    """Run a command on a lab host; several words are quoted, one word is a shell line."""
+    root = lab.lab_dir()
+    line = argv[0] if len(argv) == 1 else shlex.join(argv)
+    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_each_host_has_its_own_home_and_hostname(healthy_lab):
+    root = lab.lab_dir()
+    assert on("A", "hostname").stdout.strip() == "A" and on("B", "hostname").stdout.strip() == "B"
+    on("A", "echo from-A > ~/copied.txt")  # ssh hands the remote shell one string
+    # copied from A to B over the rail with rsync, as sync-model will do
+    r = on("A", "rsync", "-a", "/root/copied.txt", "root@198.18.101.12:/root/landed.txt")
+    assert r.returncode == 0, r.stderr
+    assert (root / "hosts" / "B" / "home" / "landed.txt").read_text() == "from-A\n"
+    assert not (root / "hosts" / "A" / "home" / "landed.txt").exists()
+    assert on("B", "cat", "/root/landed.txt").stdout == "from-A\n"
+    on("A", "rm", "-f", "/root/copied.txt")
+    on("B", "rm", "-f", "/root/landed.txt")
+
+
+def test_simulated_tools_follow_the_kernel(healthy_lab):
+    rows = F.parse_ibdev2netdev(on("B", "ibdev2netdev").stdout)
+    assert [(r.hca, r.netdev, r.up) for r in rows] == [("mlx5_0", "cx8r0", True), ("mlx5_1", "cx8r1", True)]
+    subprocess.run(["ip", "-n", "rylab-B", "link", "set", "cx8r1", "down"], check=True)
+    try:
+        rows = F.parse_ibdev2netdev(on("B", "ibdev2netdev").stdout)
+        assert [r.up for r in rows] == [True, False]
+    finally:
+        subprocess.run(["ip", "-n", "rylab-B", "link", "set", "cx8r1", "up"], check=True)
+    subprocess.run(["ip", "-n", "rylab-B", "addr", "add", "198.18.101.99/24", "dev", "cx8r1"], check=True)
+    try:
+        gids = F.parse_show_gids(on("B", "show_gids", "mlx5_1").stdout)
+        assert F.roce_v2_index(gids, "mlx5_1", "198.18.101.12") == 3
+        assert F.roce_v2_index(gids, "mlx5_1", "198.18.101.99") == 5  # a second address: next pair
+    finally:
+        subprocess.run(["ip", "-n", "rylab-B", "addr", "del", "198.18.101.99/24", "dev", "cx8r1"], check=True)
+
+
+def test_nvidia_smi_stand_in_matches_the_real_format(healthy_lab):
+    table = on("A", "nvidia-smi").stdout.splitlines()
+    assert all(len(line) == 91 for line in table[1:] if line.startswith(("|", "+")))
+    assert "Driver Version: " in table[2] and "CUDA Version: 13.0" in table[2]
+    gpus = F.parse_gpus(on("A", "nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total",
+                           "--format=csv,noheader,nounits").stdout)
+    assert [g.name for g in gpus] == ["NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA GB300"]
+    faults.fault("A", "gpu-busy", "1234")
+    apps = F.parse_compute_apps(on("A", "nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                                   "--format=csv,noheader,nounits").stdout)
+    assert [(a.gpu_uuid, a.name, a.used_mib) for a in apps] == [(gpus[1].uuid, "python3", 1234)]
+    assert on("A", "kill", "-0", str(apps[0].pid)).returncode == 0  # a real process on that host
+    faults.heal("A")
+    assert on("A", "kill", "-0", str(apps[0].pid)).returncode != 0
+
+
+def test_docker_stand_in(healthy_lab):
+    v = on("A", "docker", "version")
+    assert v.returncode == 0 and F.parse_docker_version(v.stdout).server == "28.2.2"
+    miss = on("A", "docker", "image", "inspect", "nope:1")
+    assert miss.returncode == 1 and miss.stdout.strip() == "[]" and "No such image: nope:1" in miss.stderr
+    fmt = on("A", "docker", "image", "inspect", lab.LAB_IMAGE_NAME, "--format", "{{.Architecture}} {{.RepoDigests}}")
+    assert fmt.stdout.strip() == f"arm64 [vllm/vllm-openai@{lab.LAB_IMAGE_DIGEST}]"
+    faults.fault("A", "docker-down")
+    down = on("A", "docker", "version")
+    assert down.returncode == 1 and down.stdout.startswith("Client:") and "Is the docker daemon running?" in down.stderr
+
+
+def test_clock_skew_is_real_for_the_hosts_processes(healthy_lab):
+    faults.fault("B", "clock-skew", "120")
+    a = float(on("A", "date", "+%s").stdout)
+    b = float(on("B", "date", "+%s").stdout)
+    assert 110 < b - a < 130
+
+
+def test_inv_lab_tasks(healthy_lab):
+    r = inv_cmd("lab.ssh", "B", "--", "cat", "/proc/sys/kernel/hostname")
+    assert r.returncode == 0 and r.stdout.strip() == "B"
+    r = inv_cmd("lab.fault", "B", "mtu", "--value", "4000")
+    assert r.returncode == 0 and "B: mtu 4000" in r.stdout
+    assert "mtu 4000" in on("B", "ip", "link", "show", "cx8r1").stdout
+    r = inv_cmd("lab.heal", "--host", "B")
+    assert "healed mtu" in r.stdout and "mtu 9000" in on("B", "ip", "link", "show", "cx8r1").stdout
+    r = inv_cmd("lab.fault", "B", "melt=1")
+    assert r.returncode == 2 and "unknown fault 'melt'" in r.stderr and "Traceback" not in r.stderr
+    r = inv_cmd("lab.up")  # idempotent: same hosts, same keys, same inventory path
+    assert r.returncode == 0 and r.stdout.strip() == str(healthy_lab)
+    assert json.loads((lab.lab_dir() / "lab.json").read_text())["hosts"] == ["A", "B"]
+
+
+def test_inv_list_names_every_task():
+    r = inv_cmd("--list")
+    for t in ("preflight", "trust-hosts", "lab.up", "lab.down", "lab.fault", "lab.heal", "lab.ssh"):
+        assert t in r.stdout
+    assert "--inventory" in inv_cmd("--help", "preflight").stdout

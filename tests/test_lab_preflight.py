@@ -1,0 +1,203 @@
+"""Preflight against the lab: real sshd, real links and MTUs, simulated GPU/RDMA tools."""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from railyard.inventory import load_inventory
+from railyard.lab import faults, lab_dir, lab_host
+from railyard.preflight import run_preflight
+
+from .conftest import inv_cmd
+
+pytestmark = pytest.mark.lab
+
+
+def preflight(inv_path, *overrides):
+    return run_preflight(load_inventory(inv_path, list(overrides)))
+
+
+def by(results):
+    return {(r.host, r.check): r for r in results}
+
+
+def failing(results):
+    return sorted((r.host, r.check) for r in results if r.status == "fail")
+
+
+def test_healthy_lab_passes_every_check(healthy_lab):
+    r = inv_cmd("preflight", "--inventory", str(healthy_lab), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)  # exactly one JSON document on stdout
+    assert doc["ok"] is True
+    checks = {(c["host"], c["check"]): c for c in doc["checks"]}
+    expected = {"ssh", "docker", "image", "rail_link", "rail_ip", "link_speed", "mtu", "jumbo_ping", "route",
+                "gid", "ntp", "clock_skew", "disk", "gpu"}
+    assert {c for h, c in checks if h == "B"} == expected
+    assert {c for h, c in checks if h == "A"} == expected | {"ssh_peer"}
+    assert all(c["status"] == "pass" for c in doc["checks"])
+    assert all(set(c) == {"host", "check", "status", "detail", "evidence", "hint"} for c in doc["checks"])
+    # the GB300 was chosen, never the display GPU listed before it
+    assert "NVIDIA GB300" in checks[("A", "gpu")]["detail"] and "RTX" not in checks[("A", "gpu")]["detail"]
+    assert "index 3" in checks[("B", "gid")]["detail"]
+
+
+def test_table_output_and_exit_code(healthy_lab):
+    r = inv_cmd("preflight", "-i", str(healthy_lab))
+    assert r.returncode == 0
+    assert "jumbo_ping" in r.stdout and "PASS" in r.stdout and "OK: 29 pass across 2 host(s)" in r.stdout
+
+
+# (fault, value, host, check, words in detail or evidence)
+FAULTS = [
+    ("mtu", "1500", "B", "mtu", "mtu 1500, expected 9000"),
+    ("link-down", None, "B", "rail_link", "is Down"),
+    ("no-ip", None, "B", "rail_ip", "no IPv4 address, expected 198.18.101.12/24"),
+    ("gid-index", "none", "B", "gid", "no RoCE v2 GID for 198.18.101.12"),
+    ("ntp-unsynced", None, "B", "ntp", "not synchronized"),
+    ("clock-skew", "30", "B", "clock_skew", "ahead of the others"),
+    ("gpu-busy", None, "B", "gpu", "python3 holds 8710 MiB"),
+    ("no-gpu", None, "B", "gpu", "no GPU matches 'GB300'"),
+    ("disk-full", None, "B", "disk", "need 5.0 GB"),
+    ("sshd-down", None, "B", "ssh", "connection refused"),
+    ("host-key-changed", None, "B", "ssh", "host_key_changed"),
+    ("missing-tool", "ibdev2netdev", "B", "rail_link", "tool `ibdev2netdev` not found"),
+    ("docker-down", None, "B", "docker", "Docker daemon is unreachable"),
+    ("image-mismatch", None, "B", "image", "not present"),
+]
+
+
+@pytest.mark.parametrize("kind,value,host,check,words", FAULTS, ids=[f[0] for f in FAULTS])
+def test_fault_fails_the_expected_check_and_heal_restores(healthy_lab, kind, value, host, check, words):
+    faults.fault(host, kind, value)
+    results = preflight(healthy_lab)
+    r = by(results)[(host, check)]
+    assert r.status == "fail", r
+    assert words in r.detail + " " + r.evidence, r
+    assert r.hint, "every fail says how to fix it"
+    # the healthy host's own checks stay green (cross-host checks may name the broken peer)
+    other = "A" if host == "B" else "B"
+    assert (other, check) not in failing(results) or check in ("clock_skew",)
+    faults.heal()
+    assert failing(preflight(healthy_lab)) == []
+
+
+def test_mtu_fault_also_breaks_the_jumbo_ping_both_ways(healthy_lab):
+    faults.fault("B", "mtu", "1500")
+    res = by(preflight(healthy_lab))
+    assert res[("B", "jumbo_ping")].status == "fail"
+    assert "message too long, mtu=1500" in res[("B", "jumbo_ping")].detail
+    assert res[("A", "jumbo_ping")].status == "fail"  # received frames dropped silently on B
+    assert "0/3 received" in res[("A", "jumbo_ping")].detail
+
+
+def test_gid_index_is_discovered_not_assumed(healthy_lab):
+    faults.fault("B", "gid-index", "7")
+    res = by(preflight(healthy_lab))
+    assert res[("B", "gid")].status == "pass" and "GID index 7 for 198.18.101.12" in res[("B", "gid")].detail
+    assert "GID index 3" in res[("A", "gid")].detail
+    pinned = by(preflight(healthy_lab, "preflight_gid_index=3"))
+    assert pinned[("B", "gid")].status == "fail" and "is 7, inventory expects 3" in pinned[("B", "gid")].detail
+
+
+def test_ssh_peer_fails_without_the_heads_key(healthy_lab):
+    home = lab_host(lab_dir(), "B").home / ".ssh" / "authorized_keys"
+    saved = home.read_text()
+    try:
+        home.write_text(saved.splitlines()[0] + "\n")  # only the control machine's key
+        res = by(preflight(healthy_lab))
+        r = res[("A", "ssh_peer")]
+        assert r.status == "fail" and "key not accepted" in r.detail and "ssh-copy-id" in r.hint
+    finally:
+        home.write_text(saved)
+
+
+def test_unknown_host_key_is_refused_with_fingerprint_then_trusted_on_request(healthy_lab, tmp_path):
+    inv_text = Path(healthy_lab).read_text().replace("ssh_known_hosts: known_hosts",
+                                                     f"ssh_known_hosts: {tmp_path / 'kh'}")
+    inv_text = inv_text.replace("ansible_ssh_private_key_file: id_ed25519",
+                                f"ansible_ssh_private_key_file: {lab_dir() / 'id_ed25519'}")
+    (tmp_path / "kh").write_text("")
+    p = tmp_path / "inv.yml"
+    p.write_text(inv_text)
+    res = by(preflight(p))
+    r = res[("A", "ssh")]
+    assert r.status == "fail" and r.detail.startswith("host_key_unknown")
+    fp = lab_host(lab_dir(), "A").host_key.with_suffix(".pub").read_text().split()[1]
+    import base64
+    want = "SHA256:" + base64.b64encode(hashlib.sha256(base64.b64decode(fp)).digest()).decode().rstrip("=")
+    assert want in r.detail and "trust-hosts" in r.hint
+    assert (tmp_path / "kh").read_text() == ""  # nothing recorded behind the user's back
+
+    shown = inv_cmd("trust-hosts", "-i", str(p))
+    assert shown.returncode == 1 and want in shown.stdout and "--accept" in shown.stdout
+    assert (tmp_path / "kh").read_text() == ""
+    took = inv_cmd("trust-hosts", "-i", str(p), "--accept")
+    assert took.returncode == 0 and "recorded" in took.stdout
+    assert failing(preflight(p)) == []
+
+
+def test_changed_host_key_is_refused_and_replaced_only_with_replace(healthy_lab, tmp_path):
+    kh = tmp_path / "kh"
+    kh.write_text((lab_dir() / "known_hosts").read_text())
+    inv_text = Path(healthy_lab).read_text().replace("ssh_known_hosts: known_hosts", f"ssh_known_hosts: {kh}")
+    inv_text = inv_text.replace("ansible_ssh_private_key_file: id_ed25519",
+                                f"ansible_ssh_private_key_file: {lab_dir() / 'id_ed25519'}")
+    p = tmp_path / "inv.yml"
+    p.write_text(inv_text)
+    faults.fault("B", "host-key-changed")
+    r = by(preflight(p))[("B", "ssh")]
+    assert r.status == "fail" and "records" in r.detail and "--replace" in r.hint
+    assert inv_cmd("trust-hosts", "-i", str(p), "--accept").returncode == 1  # accept does not replace
+    assert by(preflight(p))[("B", "ssh")].status == "fail"
+    assert inv_cmd("trust-hosts", "-i", str(p), "--replace").returncode == 0
+    assert by(preflight(p))[("B", "ssh")].status == "pass"
+
+
+def _snapshot(root: Path) -> dict:
+    snap = {}
+    for dirpath, dirnames, files in os.walk(root):
+        for name in files + dirnames:
+            p = Path(dirpath) / name
+            if p.name in ("sshd.pid", "anchor.pid"):
+                continue
+            st = p.lstat()
+            data = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else ""
+            snap[str(p)] = (st.st_mode, st.st_size, st.st_mtime_ns, data)
+    return snap
+
+
+def test_preflight_changes_nothing_on_the_hosts(healthy_lab):
+    from railyard.lab import in_host
+    hosts_dir = lab_dir() / "hosts"
+    net_before = {h: in_host(lab_host(lab_dir(), h), "ip", "-d", "addr").stdout for h in ("A", "B")}
+    before = _snapshot(hosts_dir)
+    preflight(healthy_lab)
+    assert _snapshot(hosts_dir) == before
+    assert {h: in_host(lab_host(lab_dir(), h), "ip", "-d", "addr").stdout for h in ("A", "B")} == net_before
+
+
+def test_local_connection_missing_tools_fail_cleanly(tmp_path):
+    """`connection: local` runs on this machine, which has no ibdev2netdev or nvidia-smi: fails name the tool."""
+    inv = tmp_path / "local.yml"
+    inv.write_text(f"""
+all:
+  vars:
+    model_revision: "{'a' * 40}"
+    vllm_image: vllm/vllm-openai:v0.30.0@sha256:{'1' * 64}
+    model_path: {tmp_path}/model
+  children:
+    here:
+      hosts:
+        L: {{ansible_connection: local, rank: 0, rails: {{lo: {{hca: mlx5_0, ipv4: 127.0.0.1/8}}}}}}
+""")
+    os.environ.pop("RAILYARD_INVENTORY", None)
+    res = by(preflight(inv, "cluster_serve_rail=lo", "cluster_gpu_name=H200"))
+    assert res[("L", "ssh")].status == "pass" and "local" in res[("L", "ssh")].detail
+    for check, tool in (("rail_link", "ibdev2netdev"), ("gid", "show_gids"), ("gpu", "nvidia-smi")):
+        r = res[("L", check)]
+        assert r.status == "fail" and f"tool `{tool}` not found" in r.detail, r
+    assert res[("L", "disk")].status in ("pass", "fail") and "free" in res[("L", "disk")].evidence

@@ -1,0 +1,36 @@
+"""lab.down removes exactly what lab.up made. Runs last (file name) because it tears the lab down."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from railyard import lab
+
+pytestmark = pytest.mark.lab
+
+
+def _netns() -> set[str]:
+    return {line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                         text=True).stdout.splitlines() if line.strip()}
+
+
+def _links() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
+
+
+def test_resize_then_down_removes_everything(lab_inventory):
+    links_before = {n for n in _links() if not n.startswith("rylab")}
+    ns_before = {n for n in _netns() if not n.startswith("rylab-")}
+    lab.up(3, log=lambda *_: None)
+    assert {"rylab-A", "rylab-B", "rylab-C"} <= _netns()
+    pids = [int(p.read_text()) for p in Path(lab.lab_dir()).glob("hosts/*/*.pid")]
+    assert pids
+    lab.down(log=lambda *_: None)
+    assert not any(n.startswith("rylab") for n in _netns()) and _netns() >= ns_before
+    assert not any(n.startswith("rylab") for n in _links()) and _links() >= links_before
+    assert not lab.lab_dir().exists()
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
+    lab.up(2, log=lambda *_: None)  # leave a working lab behind for whoever runs next
