@@ -233,7 +233,7 @@ def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
         return CheckResult(host.name, "jumbo_ping", SKIP, "no peers")
     size = host.vars["preflight_mtu"] - 28
     blocks = split_blocks(out.text)
-    fails, oks, evidence = [], [], []
+    fails, oks, lossy, evidence = [], [], [], []
     mtu_errors = False
     for p in peers:
         ip = p.serve_rail.ip
@@ -245,6 +245,10 @@ def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
             continue
         if ping.received == ping.transmitted and ping.transmitted > 0:
             oks.append(f"{p.name} {ping.received}/{ping.transmitted}" + (f" {ping.rtt_avg_ms:.2f}ms" if ping.rtt_avg_ms else ""))
+        elif ping.received > 0 and not ping.local_errors:
+            # jumbo frames do pass; losing some of them is worth a look but is not an MTU fault
+            lossy.append(f"{p.name} {ip}: {ping.received}/{ping.transmitted} received")
+            evidence.append(ping.summary)
         else:
             mtu_errors |= any("too long" in e.lower() or "frag needed" in e.lower() for e in ping.local_errors)
             why = f" ({ping.local_errors[0]})" if ping.local_errors else ""
@@ -261,6 +265,11 @@ def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
         return CheckResult(host.name, "jumbo_ping", FAIL,
                            f"{size}-byte unfragmented ping over {rail} fails to " + "; ".join(fails),
                            " | ".join(e for e in evidence if e), hint)
+    if lossy:
+        return CheckResult(host.name, "jumbo_ping", WARN,
+                           f"{size}-byte frames pass over {rail}, with loss to " + "; ".join(lossy),
+                           " | ".join(e for e in evidence if e),
+                           f"rerun preflight; persistent loss points at the cable, transceiver or a congested {rail}")
     return CheckResult(host.name, "jumbo_ping", PASS, f"{size} bytes, DF set, over {rail} to " + ", ".join(oks),
                        f"ping -I {rail} -M do -s {size}")
 

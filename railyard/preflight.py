@@ -33,7 +33,7 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
     count = v["preflight_ping_count"]
     deadline = int(count * 0.2 + 3)
     pings = fan_out([(p.serve_rail.ip, cmd("ping", "-I", rail.name, "-M", "do", "-s", size, "-c", count,
-                                           "-i", "0.2", "-W", "1", p.serve_rail.ip))
+                                           "-i", "0.2", "-W", "2", p.serve_rail.ip))
                      for p in peers])
     routes = cmd("printf", "route get %s\\n", *[p.serve_rail.ip for p in peers]) + " | ip -o -force -batch -"
     sections = [
