@@ -144,7 +144,8 @@ def kill_recorded(h: LabHost) -> None:
     if _pid_alive(pid):
         try:
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            os.waitpid(pid, 0)  # when we started it in this process: reap it, no zombie left
+        except (ProcessLookupError, ChildProcessError):
             pass
     _remove(h, "gpu-busy")
 

@@ -54,6 +54,14 @@ def _ipv4s(iface):
     return [line.split()[3].split("/")[0] for line in out.splitlines() if " inet " in line]
 
 
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _uuid(seed):
     h = hashlib.sha256(seed.encode()).hexdigest()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
@@ -142,7 +150,7 @@ def _gpus():
     busy = _state("gpu-busy")
     if busy:
         info = json.loads(busy)
-        if os.path.exists(f"/proc/{info['pid']}"):
+        if _alive(info["pid"]):
             main["procs"].append((info["pid"], "C", info.get("name", "python3"), info.get("mib", 8710)))
     if nogpu == "all":
         return []
