@@ -17,7 +17,7 @@ from . import checks as C
 from .inventory import Host, Inventory
 from .probe import Output, Section, fan_out, joined_script, new_token, split_output
 from .runner import Runner
-from .transport import RemotePath, Session, cmd
+from .transport import RemotePath, Session, cmd, q
 
 DOCKER_TIMEOUT = 15
 
@@ -28,7 +28,7 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
     rail = host.serve_rail
     peers = [p for p in inv.hosts if p.name != host.name]
     image = v["vllm_image"]
-    model = RemotePath(v["model_path"])
+    model = q(RemotePath(v["model_path"]))  # quoted once, pasted below
     size = v["preflight_mtu"] - 28
     count = v["preflight_ping_count"]
     deadline = int(count * 0.2 + 3)

@@ -188,7 +188,7 @@ all:
   vars:
     model_revision: "{'a' * 40}"
     vllm_image: vllm/vllm-openai:v0.30.0@sha256:{'1' * 64}
-    model_path: {tmp_path}/model
+    model_path: "{tmp_path}/my model; touch {tmp_path}/pwned"
   children:
     here:
       hosts:
@@ -201,3 +201,4 @@ all:
         r = res[("L", check)]
         assert r.status == "fail" and f"tool `{tool}` not found" in r.detail, r
     assert res[("L", "disk")].status in ("pass", "fail") and "free" in res[("L", "disk")].evidence
+    assert not (tmp_path / "pwned").exists()  # a hostile model_path stayed a path
