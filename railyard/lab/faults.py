@@ -150,12 +150,15 @@ def kill_recorded(h: LabHost) -> None:
     _remove(h, "gpu-busy")
 
 
-def _no_gpu(h, value):
-    v = value or "gb300"
-    if v not in ("gb300", "all"):
-        raise UsageError(f"lab.fault no-gpu: {v!r}: gb300 (only the display GPU left) or all")
-    _write(h, "no-gpu", v)
-    return v
+def _state_choice(kind: str, choices: tuple[str, ...], meaning: str):
+    """A fault that writes one of a few values into the host's state file `kind`."""
+    def inject(h, value):
+        v = value or choices[0]
+        if v not in choices:
+            raise UsageError(f"lab.fault {kind}: {v!r}: {meaning}")
+        _write(h, kind, v)
+        return v
+    return inject
 
 
 def _disk_full(h, value):
@@ -227,14 +230,6 @@ def _read(h: LabHost, name: str) -> str | None:
         return None
 
 
-def _docker_down(h, value):
-    v = value or "stopped"
-    if v not in ("stopped", "permission"):
-        raise UsageError(f"lab.fault docker-down: {v!r}: stopped or permission")
-    _write(h, "docker-down", v)
-    return v
-
-
 def _image_mismatch(h, value):
     images_file = h.dir / "docker" / "images.json"
     images = json.loads(images_file.read_text())
@@ -266,12 +261,14 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "ntp-unsynced": (_ntp, _state_heal("ntp"), "timedatectl reports the clock not synchronized"),
     "clock-skew": (_clock_skew, _clock_heal, "shift the host's clock by N seconds (default 30, libfaketime)"),
     "gpu-busy": (_gpu_busy, _gpu_busy_heal, "a live compute process holds N MiB on the GB300 (default 8710)"),
-    "no-gpu": (_no_gpu, _state_heal("no-gpu"), "the GB300 is gone (gb300), or every GPU (all)"),
+    "no-gpu": (_state_choice("no-gpu", ("gb300", "all"), "gb300 (only the display GPU left) or all"),
+               _state_heal("no-gpu"), "the GB300 is gone (gb300), or every GPU (all)"),
     "disk-full": (_disk_full, _disk_heal, "put the model directory on a small tmpfs (default 64 MB)"),
     "sshd-down": (_sshd_down, _sshd_heal, "stop the host's sshd"),
     "host-key-changed": (_host_key_changed, _host_key_heal, "give the host a new SSH host key"),
     "missing-tool": (_missing_tool, _missing_tool_heal, "remove a tool from the host's PATH (default ibdev2netdev)"),
-    "docker-down": (_docker_down, _state_heal("docker-down"), "the Docker daemon is unreachable (stopped or permission)"),
+    "docker-down": (_state_choice("docker-down", ("stopped", "permission"), "stopped or permission"),
+                    _state_heal("docker-down"), "the Docker daemon is unreachable (stopped or permission)"),
     "image-mismatch": (_image_mismatch, _image_heal, "the host holds another digest of the pinned image"),
 }
 
