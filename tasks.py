@@ -13,6 +13,14 @@ SET = "override a variable, KEY=VALUE (repeatable; highest precedence)"
 JSON = "print one JSON document instead of the table"
 
 
+def _int(value, flag):
+    return cli.number(value, flag, int)
+
+
+def _num(value, flag):
+    return cli.number(value, flag, float)
+
+
 @task(help={"inventory": INVENTORY, "json": JSON, "set": SET}, iterable=["set_"])
 def preflight(c, inventory=None, json=False, set_=None):
     """Check every host before launch: rails, MTU, jumbo ping, GID, clocks, disk, GPU, Docker, image, SSH."""
@@ -26,6 +34,23 @@ def preflight(c, inventory=None, json=False, set_=None):
 def trust_hosts(c, inventory=None, hosts=None, accept=False, replace=False, set_=None):
     """Show each host's SSH host key fingerprint; record it only with --accept (or --replace)."""
     cli.trust_hosts(inventory, hosts, accept, replace, set_)
+
+
+@task(name="sync-model",
+      help={"inventory": INVENTORY, "source": "copy from this host (default: the head)",
+            "to": "copy to these hosts, comma-separated (default: every other host)",
+            "verify": "content (sha256 of every file, the default) or size (names and sizes only)",
+            "streams": "parallel rsync streams per target (default: sync_streams)",
+            "dry-run": "show the plan and the exact commands; change nothing",
+            "repair": "re-send only the files that differ (and remove extra ones), then verify again",
+            "json": JSON, "rehash": "ignore the hosts' digest caches and hash every file again",
+            "bwlimit": "limit each rsync stream to this many MB/s", "set": SET},
+      iterable=["set_"])
+def sync_model(c, inventory=None, source=None, to=None, verify=None, streams=None, dry_run=False, repair=False,
+               json=False, rehash=False, bwlimit=None, set_=None):
+    """Copy the checkpoint from the head to every other rank with rsync and prove the copies equal."""
+    cli.sync_model(inventory, source, to, verify, _int(streams, "--streams"), dry_run, repair, json, rehash,
+                   _num(bwlimit, "--bwlimit"), set_)
 
 
 @task(name="up", help={"hosts": "number of test hosts (A, B, C, ...); default 2"})
@@ -58,11 +83,19 @@ def lab_heal(c, host=""):
     cli.lab_heal(host or None)
 
 
+@task(name="checkpoint", help={"size-gb": "total size of the shards in GB (default 0.5)",
+                               "shards": "number of safetensors shards (default 10)",
+                               "host": "where to write it (default: the head, A)"})
+def lab_checkpoint(c, size_gb=0.5, shards=10, host=None):
+    """Write a fake checkpoint (random safetensors shards, real-shaped config and index) on the head."""
+    cli.lab_checkpoint(float(size_gb), int(shards), host)
+
+
 @task(name="ssh", help={"host": "lab host, e.g. A"})
 def lab_ssh(c, host):
     """Open a shell on a lab host, or run one command there: inv lab.ssh A -- ip -br addr."""
     cli.lab_ssh(host, cli.remainder() or None)
 
 
-lab = Collection("lab", lab_up, lab_down, lab_fault, lab_heal, lab_ssh)
-ns = Collection(preflight, trust_hosts, lab)
+lab = Collection("lab", lab_up, lab_down, lab_fault, lab_heal, lab_checkpoint, lab_ssh)
+ns = Collection(preflight, trust_hosts, sync_model, lab)

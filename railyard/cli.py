@@ -41,6 +41,17 @@ def entry(fn):
     return wrapper
 
 
+def number(value, flag: str, kind=int):
+    """A numeric flag from invoke (which hands over strings); a bad one is a usage error, exit 2."""
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        print(f"error: {flag} {value!r}: not a number", file=sys.stderr)
+        raise Exit(code=2)
+
+
 def _inventory(path: str | None, overrides) -> Inventory:
     return load_inventory(path, overrides)
 
@@ -90,6 +101,24 @@ def trust_hosts(inventory: str | None = None, hosts: str | None = None, accept: 
     return code
 
 
+@entry
+def sync_model(inventory: str | None = None, source: str | None = None, to: str | None = None,
+               verify: str | None = None, streams: int | None = None, dry_run: bool = False, repair: bool = False,
+               json_out: bool = False, rehash: bool = False, bwlimit: float | None = None, overrides=None) -> int:
+    import json as _json
+    from .sync import SyncOptions, print_report, report_json
+    from .sync import sync_model as run
+    inv = _inventory(inventory, overrides)
+    con = console(stderr=json_out)
+    opts = SyncOptions(source, to, verify, streams, dry_run, repair, rehash, bwlimit)
+    rep = run(inv, opts, con)
+    if json_out:
+        print(_json.dumps(report_json(rep), indent=2))
+    else:
+        print_report(rep, console())
+    return 0 if rep.ok else 1
+
+
 # ---------------------------------------------------------------- lab
 
 @entry
@@ -119,6 +148,21 @@ def lab_heal(host: str | None = None) -> int:
     from .lab import faults
     done = faults.heal(host)
     print("\n".join(done) if done else "nothing to heal")
+    return 0
+
+
+@entry
+def lab_checkpoint(size_gb: float = 0.5, shards: int = 10, host: str | None = None) -> int:
+    from . import lab
+    from .lab.checkpoint import write_checkpoint
+    from .errors import UsageError
+    if size_gb <= 0 or not 1 <= shards <= 100_000:
+        raise UsageError(f"--size-gb {size_gb} --shards {shards}: size must be > 0 and shards 1..100000")
+    root = lab.lab_dir()
+    h = lab.lab_host(root, host or lab.hosts_of(root)[0].name)
+    target = h.home / "models" / "GLM-5.3-NVFP4"
+    out = write_checkpoint(target, size_gb, shards)
+    print(f"{h.name}: wrote {out['files']} files, {out['bytes'] / 1e9:.2f} GB of shards, at ~/models/GLM-5.3-NVFP4")
     return 0
 
 

@@ -526,6 +526,12 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         bad("vllm_image", "must be pinned by digest: name:tag@sha256:<64 hex>")
     if not REVISION_RE.match(values["model_revision"]):
         bad("model_revision", "must be a pinned 40-hex commit hash")
+    if values["sync_verify"] not in ("size", "content"):
+        bad("sync_verify", "must be size or content")
+    if not all(isinstance(a, str) for a in values["model_architectures"]):
+        bad("model_architectures", "must be a list of strings")
+    if not re.match(r"^[A-Za-z0-9@._-]+$", values["sync_ssh_cipher"]):
+        bad("sync_ssh_cipher", "not an SSH cipher name")
     mp = values["model_path"]
     if not (mp.startswith("/") or mp.startswith("~/")) or "\n" in mp or mp.rstrip("/") in ("", "~"):
         bad("model_path", "must be an absolute path or start with ~/")
@@ -536,6 +542,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         "ssh_connect_timeout": (1, 600), "ssh_command_timeout": (1, 86_400), "ssh_parallel": (1, 512),
         "model_size_gb": (0, 100_000), "vllm_port": (1, 65535), "vllm_master_port": (1, 65535),
         "vllm_tensor_parallel_size": (1, 1024), "vllm_gpu_memory_utilization": (0.01, 1.0),
+        "sync_streams": (1, 64), "sync_bwlimit_mbps": (0, 1_000_000), "sync_timeout_s": (1, 604_800),
     }
     for k, (lo, hi) in ranges.items():
         if not lo <= values[k] <= hi:

@@ -57,11 +57,16 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
         sections.append(Section("ping", pings, "ping", deadline + 5))
         sections.append(Section("route", routes, "ip"))
     if host.is_head and inv.workers:
-        sections.append(Section("ssh_peer", fan_out([
-            (w.serve_rail.ip, cmd("ssh", "-n", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                                  "-o", "ConnectTimeout=5", *(["-l", w.user] if w.user else []), w.serve_rail.ip, "hostname"))
-            for w in inv.workers]), "ssh", 15))
+        sections.append(ssh_peer_section(inv.workers))
     return sections
+
+
+def ssh_peer_section(targets: list[Host]) -> Section:
+    """From one host, a non-interactive ssh to each target's rail address, host keys checked."""
+    return Section("ssh_peer", fan_out([
+        (t.serve_rail.ip, cmd("ssh", "-n", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                              "-o", "ConnectTimeout=5", *(["-l", t.user] if t.user else []), t.serve_rail.ip, "hostname"))
+        for t in targets]), "ssh", 15)
 
 
 @dataclass

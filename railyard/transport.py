@@ -17,9 +17,11 @@ import shlex
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import paramiko
 
@@ -132,7 +134,9 @@ class Session:
         """Open the connection now (a no-op for local); the error, if it failed."""
         return self.error
 
-    def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> Result:
+    def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None,
+            on_output: Callable[[str], None] | None = None) -> Result:
+        """Run one command. on_output, if given, receives stdout as it arrives."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -145,22 +149,46 @@ class Session:
 class LocalSession(Session):
     """`ansible_connection: local`: the command runs on this machine, under /bin/sh."""
 
-    def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> Result:
+    def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None,
+            on_output: Callable[[str], None] | None = None) -> Result:
         timeout = timeout or self.command_timeout
         started = time.monotonic()
         proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        try:
-            out, err = proc.communicate(stdin, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            return Result(self.host.name, command, None, out.decode(errors="replace"), err.decode(errors="replace"),
-                          time.monotonic() - started,
-                          HostError("timeout", f"command did not finish within {timeout:g}s",
-                                    "raise ssh_command_timeout or find what hangs on the host"))
-        return Result(self.host.name, command, proc.returncode, out.decode(errors="replace"),
-                      err.decode(errors="replace"), time.monotonic() - started)
+        if stdin:
+            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+        out, err = bytearray(), bytearray()
+        streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+        deadline = started + timeout
+        while streams:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return Result(self.host.name, command, None, out.decode(errors="replace"), err.decode(errors="replace"),
+                              time.monotonic() - started,
+                              HostError("timeout", f"command did not finish within {timeout:g}s",
+                                        "raise ssh_command_timeout or find what hangs on the host"))
+            ready, _, _ = select.select(list(streams), [], [], min(left, 1.0))
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    del streams[fd]
+                    continue
+                streams[fd] += chunk
+                if on_output and fd == proc.stdout.fileno():
+                    on_output(chunk.decode(errors="replace"))
+        rc = proc.wait()
+        return Result(self.host.name, command, rc, out.decode(errors="replace"), err.decode(errors="replace"),
+                      time.monotonic() - started)
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except OSError:
+        pass
 
 
 class SSHSession(Session):
@@ -204,7 +232,8 @@ class SSHSession(Session):
         self._conn = conn
         return None
 
-    def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> Result:
+    def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None,
+            on_output: Callable[[str], None] | None = None) -> Result:
         timeout = timeout or self.command_timeout
         started = time.monotonic()
         err = self.connect()
@@ -216,17 +245,21 @@ class SSHSession(Session):
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
-            return self._collect(chan, command, started, timeout)
+            return self._collect(chan, command, started, timeout, on_output)
         except Exception as e:
             self.error = classify(e, self.host)
             return self._failed(command, started, self.error)
 
-    def _collect(self, chan: paramiko.Channel, command: str, started: float, timeout: float) -> Result:
+    def _collect(self, chan: paramiko.Channel, command: str, started: float, timeout: float,
+                 on_output: Callable[[str], None] | None = None) -> Result:
         out, err = bytearray(), bytearray()
         deadline = started + timeout
         while True:
             while chan.recv_ready():
-                out += chan.recv(1 << 16)
+                chunk = chan.recv(1 << 16)
+                out += chunk
+                if on_output:
+                    on_output(chunk.decode(errors="replace"))
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(1 << 16)
             if chan.exit_status_ready() and chan.eof_received and not chan.recv_ready() \

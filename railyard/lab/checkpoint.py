@@ -1,0 +1,69 @@
+"""A fake checkpoint for the lab: random safetensors shards plus a real-shaped config and index.
+
+Each shard is a valid safetensors file (8-byte header length, JSON header, data) holding
+one U8 tensor of random bytes; `model.safetensors.index.json` maps a few tensor names to
+every shard; `config.json` carries the fields sync-model checks (`architectures`,
+`quantization_config.quant_algo`). A `.cache/huggingface/` directory is added, as
+`hf download --local-dir` leaves one, to prove it is never copied or compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+from pathlib import Path
+
+CHUNK = 64 << 20
+
+
+def shard_name(i: int, n: int) -> str:
+    return f"model-{i:05d}-of-{n:05d}.safetensors"
+
+
+def write_checkpoint(root: Path, size_gb: float, shards: int, seed: int = 53) -> dict:
+    """Write the checkpoint under root (created); returns {"files": n, "bytes": total}."""
+    if shards < 1:
+        raise ValueError("shards must be >= 1")
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    per = max(1, int(size_gb * 1e9 / shards))
+    weight_map = {}
+    total = 0
+    for i in range(1, shards + 1):
+        name = shard_name(i, shards)
+        tensors = {f"model.layers.{i - 1}.mlp.experts.weight_packed": None}
+        header = {k: {"dtype": "U8", "shape": [per], "data_offsets": [0, per]} for k in tensors}
+        header["__metadata__"] = {"format": "pt"}
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(root / name, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            left = per
+            while left:
+                n = min(CHUNK, left)
+                f.write(rng.randbytes(n))
+                left -= n
+        total += per
+        for k in tensors:
+            weight_map[k] = name
+        weight_map[f"model.layers.{i - 1}.input_layernorm.weight"] = name
+    (root / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+    (root / "config.json").write_text(json.dumps({
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "model_type": "glm_moe_dsa",
+        "hidden_size": 6144,
+        "num_hidden_layers": shards,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                                "kv_cache_quant_algo": "FP8"},
+    }, indent=2))
+    (root / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 1.0}))
+    (root / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 202752}))
+    cache = root / ".cache" / "huggingface"
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "download.lock").write_text("lab\n")
+    return {"files": shards + 4, "bytes": total}
