@@ -422,7 +422,7 @@ def sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
             if m.error:
                 rep.failure, rep.hint = f"{m.host}: {m.error}", "fix the host's SSH or python3, then rerun"
                 return rep
-        if not src.files or (src.config is None and not opts.dry_run):
+        if not src.files or src.config is None:  # no checkpoint (or an unfinished download) on the source
             if opts.dry_run:
                 rep.commands[source.name] = [download_command(v)]
                 rep.notes.append(f"{source.name}: no checkpoint at {v['model_path']}: would download "
