@@ -44,6 +44,7 @@ LAB_IMAGE_NAME = "vllm/vllm-openai:v0.30.0-aarch64"
 LAB_IMAGE_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image v0.30.0-aarch64").hexdigest()
 SIM_TOOLS = ("ibdev2netdev", "show_gids", "nvidia-smi", "timedatectl", "docker")
 SIM_SOURCE = Path(__file__).parent / "sim" / "tools.py"
+VLLM_SOURCE = Path(__file__).parent / "sim" / "vllm.py"
 SYSTEM_PYTHON = "/usr/bin/python3"
 MAX_HOSTS = 200
 
@@ -302,6 +303,16 @@ def _install_sims(root: Path, hosts: list[LabHost]) -> None:
     body = text.split("\n", 1)[1] if text.startswith("#!") else text
     sim.write_text(f"#!{SYSTEM_PYTHON} -SI\n" + body)
     os.chmod(sim, 0o755)
+    # the pinned image's content, as far as the lab's containers need it: `vllm` and nvidia.nccl
+    image = root / "sim" / "image"
+    (image / "bin").mkdir(parents=True, exist_ok=True)
+    vtext = VLLM_SOURCE.read_text()
+    (image / "bin" / "vllm").write_text(f"#!{SYSTEM_PYTHON} -SI\n" + vtext.split("\n", 1)[1])
+    os.chmod(image / "bin" / "vllm", 0o755)
+    nccl = image / "site" / "nvidia" / "nccl"
+    (nccl / "lib").mkdir(parents=True, exist_ok=True)
+    (nccl / "__init__.py").write_text("")
+    (nccl / "lib" / "libnccl.so.2").write_text("railyard lab stand-in for NCCL 2.30.7\n")
     config = {"lab_dir": str(root), "image": LAB_IMAGE_NAME, "image_digest": LAB_IMAGE_DIGEST}
     (root / "sim" / "lab.json").write_text(json.dumps(config))
     for h in hosts:

@@ -11,6 +11,7 @@ $RAILYARD_LAB_HOST_DIR/state. Standard library only: this runs on the test host.
 
 import hashlib
 import json
+import signal
 import os
 import socket
 import subprocess
@@ -152,6 +153,14 @@ def _gpus():
         info = json.loads(busy)
         if _alive(info["pid"]):
             main["procs"].append((info["pid"], "C", info.get("name", "python3"), info.get("mib", 8710)))
+    for name in _all_names():  # serving processes of running containers on this GPU
+        try:
+            with open(os.path.join(_cdir(name), "gpu.json")) as f:
+                held = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if held.get("uuid") == main["uuid"] and _alive(held["pid"]):
+            main["procs"].append((held["pid"], "C", held["name"], held["mib"]))
     if nogpu == "all":
         return []
     gpus = [display] if nogpu == "gb300" else [display, main]
@@ -399,8 +408,8 @@ def docker(args):
         print()
         print(SERVER)
         return 0
-    if args[:2] == ["image", "inspect"] or args[0] == "inspect":
-        rest = args[2:] if args[0] == "image" else args[1:]
+    if args[:2] == ["image", "inspect"]:
+        rest = args[2:]
         fmt = None
         refs = []
         it = iter(range(len(rest)))
@@ -432,8 +441,558 @@ def docker(args):
         else:
             print(json.dumps(docs, indent=4))
         return rc
+    if args[0] in CONTAINER_COMMANDS:
+        err = _daemon_error("containers/json")
+        if err:
+            print(err, file=sys.stderr)
+            return 1
+        return CONTAINER_COMMANDS[args[0]](args[1:])
+    if args[0] == "__shim":
+        return _shim(args[1])
     print(f"docker: '{args[0]}' is not a docker command.\nSee 'docker --help'", file=sys.stderr)
     return 1
+
+
+# ---------------------------------------------------------------- docker: containers
+# A container is a process tree started detached by a small shim that outlives the SSH
+# session, with the container's environment, ulimits and a private /tmp. Its state lives in
+# $RAILYARD_LAB_HOST_DIR/docker/containers/NAME/: config.json, state.json, log.
+
+def _cdir(name):
+    return os.path.join(HOST_DIR, "docker", "containers", name)
+
+
+def _load(name):
+    try:
+        with open(os.path.join(_cdir(name), "config.json")) as f:
+            cfg = json.load(f)
+    except OSError:
+        for d in _all_names():  # by id or id prefix
+            c = _load(d)
+            if c and len(name) >= 4 and c["Id"].startswith(name):
+                return c
+        return None
+    cfg["State"] = _state_of(cfg["Name"].lstrip("/"))
+    return cfg
+
+
+def _all_names():
+    try:
+        return sorted(os.listdir(os.path.join(HOST_DIR, "docker", "containers")))
+    except OSError:
+        return []
+
+
+def _now():
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e9):09d}Z"
+
+
+def _state_of(name):
+    try:
+        with open(os.path.join(_cdir(name), "state.json")) as f:
+            st = json.load(f)
+    except (OSError, ValueError):
+        st = {"Status": "created", "Running": False, "Pid": 0, "ExitCode": 0,
+              "StartedAt": "0001-01-01T00:00:00Z", "FinishedAt": "0001-01-01T00:00:00Z"}
+    if st.get("Running") and not _alive(st.get("Pid", 0)):
+        # the shim died without writing the exit: report it like a killed container
+        st.update(Status="exited", Running=False, Pid=0, ExitCode=137, FinishedAt=_now())
+    base = {"Paused": False, "Restarting": False, "OOMKilled": False, "Dead": False, "Error": ""}
+    base.update(st)
+    return base
+
+
+def _write_state(name, **kw):
+    st = _state_of(name)
+    st.update(kw)
+    tmp = os.path.join(_cdir(name), "state.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(st, f)
+    os.replace(tmp, os.path.join(_cdir(name), "state.json"))
+
+
+def _parse_run(args):
+    opts = {"env": [], "volumes": [], "devices": [], "caps": [], "ulimits": [], "labels": {}, "detach": False,
+            "name": None, "gpus": None, "network": "bridge", "ipc": "", "shm": "", "entrypoint": None, "rm": False}
+    with_value = {"--name", "--gpus", "--network", "--ipc", "--shm-size", "--device", "--cap-add", "--ulimit",
+                  "-v", "--volume", "-e", "--env", "--label", "-l", "--entrypoint", "--env-file", "-w", "--workdir"}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("-"):
+            break
+        if "=" in a and a.startswith("--") and a.split("=", 1)[0] in with_value:
+            a, v = a.split("=", 1)
+        elif a in with_value:
+            i += 1
+            if i >= len(args):
+                raise ValueError(f"flag needs an argument: {a}")
+            v = args[i]
+        else:
+            v = None
+        if a in ("-d", "--detach"):
+            opts["detach"] = True
+        elif a == "--rm":
+            opts["rm"] = True
+        elif a == "--name":
+            opts["name"] = v
+        elif a == "--gpus":
+            opts["gpus"] = v
+        elif a == "--network":
+            opts["network"] = v
+        elif a == "--ipc":
+            opts["ipc"] = v
+        elif a == "--shm-size":
+            opts["shm"] = v
+        elif a == "--device":
+            opts["devices"].append(v)
+        elif a == "--cap-add":
+            opts["caps"].append(v)
+        elif a == "--ulimit":
+            opts["ulimits"].append(v)
+        elif a in ("-v", "--volume"):
+            opts["volumes"].append(v)
+        elif a in ("-e", "--env"):
+            opts["env"].append(v if "=" in v else f"{v}={os.environ.get(v, '')}")
+        elif a in ("--label", "-l"):
+            k, _, val = v.partition("=")
+            opts["labels"][k] = val
+        elif a == "--entrypoint":
+            opts["entrypoint"] = v
+        elif v is None:
+            raise ValueError(f"unknown flag: {a}")
+        i += 1
+    if i >= len(args):
+        raise ValueError('"docker run" requires at least 1 argument.')
+    return opts, args[i], args[i + 1:]
+
+
+def _run(args):
+    try:
+        opts, image, cmd = _parse_run(args)
+    except ValueError as e:
+        print(f"docker: {e}\nSee 'docker run --help'.", file=sys.stderr)
+        return 125
+    img = _find_image(image)
+    if img is None:
+        print(f"Unable to find image '{image}' locally", file=sys.stderr)
+        print(f"docker: Error response from daemon: pull access denied for {image.split('@')[0].split(':')[0]}, "
+              "repository does not exist or may require 'docker login'.\nSee 'docker run --help'.", file=sys.stderr)
+        return 125
+    name = opts["name"] or "lab_" + hashlib.sha256(str(time.time()).encode()).hexdigest()[:8]
+    existing = _load(name) if os.path.isdir(_cdir(name)) else None
+    if existing:
+        print(f'docker: Error response from daemon: Conflict. The container name "/{name}" is already in use by '
+              f'container "{existing["Id"]}". You have to remove (or rename) that container to be able to reuse that '
+              "name.\nSee 'docker run --help'.", file=sys.stderr)
+        return 125
+    if opts["gpus"]:
+        want = opts["gpus"].split("=", 1)[1] if opts["gpus"].startswith("device=") else opts["gpus"]
+        uuids = {g["uuid"] for g in _gpus()}
+        if want != "all" and want not in uuids:
+            print(f"docker: Error response from daemon: failed to create task for container: failed to create shim "
+                  f"task: OCI runtime create failed: runc create failed: unable to start container process: error "
+                  f"during container init: error running prestart hook #0: exit status 1, stdout: , stderr: "
+                  f"Auto-detected mode as 'legacy'\nnvidia-container-cli: device error: {want}: unknown device: unknown."
+                  , file=sys.stderr)
+            return 125
+    cid = hashlib.sha256(f"{name}{time.time()}".encode()).hexdigest()
+    entry = [opts["entrypoint"]] if opts["entrypoint"] else img["Config"]["Entrypoint"]
+    env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + opts["env"]
+    cfg = {"Id": cid, "Created": _now(), "Path": entry[0], "Args": entry[1:] + cmd, "Name": "/" + name,
+           "Image": img["Id"], "RestartCount": 0,
+           "Config": {"Image": image, "Env": env, "Cmd": cmd, "Entrypoint": entry, "Labels": opts["labels"],
+                      "Hostname": socket.gethostname()},
+           "HostConfig": {"NetworkMode": opts["network"], "IpcMode": opts["ipc"], "ShmSize": opts["shm"],
+                          "CapAdd": opts["caps"], "Binds": opts["volumes"],
+                          "Devices": [{"PathOnHost": d, "PathInContainer": d, "CgroupPermissions": "rwm"}
+                                      for d in opts["devices"]],
+                          "Ulimits": [_ulimit(u) for u in opts["ulimits"]],
+                          "DeviceRequests": [{"Driver": "", "Count": 0, "DeviceIDs": [opts["gpus"].split("=", 1)[-1]],
+                                              "Capabilities": [["gpu"]]}] if opts["gpus"] else None,
+                          "AutoRemove": opts["rm"]}}
+    os.makedirs(os.path.join(_cdir(name), "rootfs", "tmp"), exist_ok=True)
+    with open(os.path.join(_cdir(name), "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    _start(name)
+    if opts["detach"]:
+        print(cid)
+        return 0
+    return _wait_exit(name)
+
+
+def _ulimit(u):
+    name, _, val = u.partition("=")
+    soft, _, hard = val.partition(":")
+    hard = hard or soft
+    return {"Name": name, "Soft": int(soft), "Hard": int(hard)}
+
+
+def _start(name):
+    """Double-fork a shim in a new session: it runs the container's command and records its exit."""
+    open(os.path.join(_cdir(name), "log"), "ab").close()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        errors = os.open(os.path.join(_cdir(name), "shim.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.dup2(errors, 2)
+        os.execv(sys.executable, [sys.executable, "-SI", os.path.realpath(__file__), "__shim", name])
+    os.waitpid(pid, 0)
+    for _ in range(500):  # until the shim has started the process
+        if _state_of(name).get("Running"):
+            return
+        time.sleep(0.01)
+
+
+def _container_env(cfg):
+    env = dict(e.split("=", 1) for e in cfg["Config"]["Env"])
+    lab = _lab()
+    env["PATH"] = os.path.join(HERE, "image", "bin") + ":" + env.get("PATH", "")
+    env["PYTHONPATH"] = os.path.join(HERE, "image", "site")
+    env["HOSTNAME"] = socket.gethostname()
+    env["HOME"] = "/root"
+    # what the stand-in needs to know about its container (a real one would see it directly)
+    env["RAILYARD_LAB_CONTAINER"] = _cdir(cfg["Name"].lstrip("/"))
+    env["RAILYARD_LAB_HOST_DIR"] = HOST_DIR
+    env["RAILYARD_LAB_DIR"] = lab["lab_dir"]
+    return env
+
+
+def _limits(cfg):
+    import resource
+    names = {"memlock": resource.RLIMIT_MEMLOCK, "stack": resource.RLIMIT_STACK, "nofile": resource.RLIMIT_NOFILE}
+    out = []
+    for u in cfg["HostConfig"]["Ulimits"]:
+        if u["Name"] in names:
+            conv = lambda v: resource.RLIM_INFINITY if v < 0 else v
+            out.append((names[u["Name"]], (conv(u["Soft"]), conv(u["Hard"]))))
+    if not any(n == resource.RLIMIT_MEMLOCK for n, _ in out):
+        out.append((resource.RLIMIT_MEMLOCK, (8 << 20, 8 << 20)))  # docker's default: 8 MiB
+    return out
+
+
+def _private_tmp(name, argv):
+    """Run argv with the container's own /tmp (a private mount namespace), as in a real container."""
+    tmp = os.path.join(_cdir(name), "rootfs", "tmp")
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /tmp && exec "$@"', tmp] + argv
+
+
+def _apply_limits(limits):
+    """Set the container's ulimits where this machine allows it (raising a hard limit needs
+    CAP_SYS_RESOURCE, which a sandboxed lab may lack: then the hard limit is kept)."""
+    import resource
+    for res, (soft, hard) in limits:
+        try:
+            resource.setrlimit(res, (soft, hard))
+        except (ValueError, OSError):
+            cur_hard = resource.getrlimit(res)[1]
+            try:
+                resource.setrlimit(res, (min(soft, cur_hard) if soft != resource.RLIM_INFINITY else cur_hard, cur_hard))
+            except (ValueError, OSError):
+                pass
+
+
+def _argv(cfg):
+    argv = list(cfg["Config"]["Entrypoint"] or []) + list(cfg["Config"]["Cmd"] or [])
+    if argv[:1] == ["bash"] and len(argv) > 1 and argv[1] == "-lc":
+        argv[1] = "-c"  # a lab host's /etc/profile would reset the image's PATH
+    return argv
+
+
+def _shim(name):
+    import resource
+    cfg = _load(name)
+    log = open(os.path.join(_cdir(name), "log"), "ab", buffering=0)
+    limits = _limits(cfg)
+
+    def child_setup():
+        _apply_limits(limits)
+
+    proc = subprocess.Popen(_private_tmp(name, _argv(cfg)), env=_container_env(cfg), stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL,
+                            cwd=os.path.join(_cdir(name), "rootfs"), preexec_fn=child_setup)
+    _write_state(name, Status="running", Running=True, Pid=proc.pid, ExitCode=0, StartedAt=_now(),
+                 FinishedAt="0001-01-01T00:00:00Z", ShimPid=os.getpid())
+    import signal as _signal
+
+    def forward(sig, frame):
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    _signal.signal(_signal.SIGTERM, forward)
+    rc = proc.wait()
+    code = rc if rc >= 0 else 128 - rc
+    _write_state(name, Status="exited", Running=False, Pid=0, ExitCode=code, FinishedAt=_now())
+    if cfg["HostConfig"].get("AutoRemove"):
+        import shutil
+        shutil.rmtree(_cdir(name), ignore_errors=True)
+    return 0
+
+
+def _wait_exit(name):
+    while _state_of(name).get("Running"):
+        time.sleep(0.1)
+    with open(os.path.join(_cdir(name), "log"), "rb") as f:
+        sys.stdout.write(f.read().decode(errors="replace"))
+    return _state_of(name).get("ExitCode", 0)
+
+
+def _no_such(kind, name):
+    print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
+    return 1
+
+
+def _inspect_containers(args):
+    fmt, names = _fmt_args(args)
+    docs, rc = [], 0
+    for n in names:
+        c = _load(n)
+        if c is None:
+            img = _find_image(n)
+            if img is not None:
+                docs.append(img)
+                continue
+            print(f"Error: No such object: {n}", file=sys.stderr)
+            rc = 1
+            continue
+        docs.append(c)
+    if fmt is not None:
+        for d in docs:
+            print(_render(fmt, d))
+    else:
+        print(json.dumps(docs, indent=4))
+    return rc
+
+
+def _fmt_args(args):
+    fmt, rest = None, []
+    i = 0
+    while i < len(args):
+        if args[i] in ("-f", "--format"):
+            fmt = args[i + 1]
+            i += 2
+            continue
+        if args[i].startswith("--format="):
+            fmt = args[i].split("=", 1)[1]
+        elif args[i] in ("-a", "--all", "--no-trunc", "-q"):
+            rest.append(args[i])
+        else:
+            rest.append(args[i])
+        i += 1
+    return fmt, [r for r in rest if not r.startswith("-")]
+
+
+def _ago(stamp):
+    try:
+        t = time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    except ValueError:
+        return "?"
+    d = max(0, time.time() - t)
+    for unit, sec in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if d >= 2 * sec:
+            return f"{int(d // sec)} {unit}"
+    if d >= 60:
+        return "About a minute"
+    return f"{int(d)} seconds" if d >= 2 else "Less than a second"
+
+
+def _ps(args):
+    show_all = any(a in ("-a", "--all") for a in args)
+    filters = [args[i + 1] for i, a in enumerate(args) if a in ("--filter", "-f") and i + 1 < len(args)]
+    fmt, _ = _fmt_args([a for i, a in enumerate(args) if a not in ("--filter",) and (i == 0 or args[i - 1] != "--filter")])
+    rows = []
+    for n in _all_names():
+        c = _load(n)
+        if c is None or (not show_all and not c["State"]["Running"]):
+            continue
+        if any(f.startswith("name=") and f[5:] not in n for f in filters):
+            continue
+        st = c["State"]
+        status = f"Up {_ago(st['StartedAt'])}" if st["Running"] else \
+            f"Exited ({st['ExitCode']}) {_ago(st['FinishedAt'])} ago" if st["Status"] == "exited" else "Created"
+        rows.append({"ID": c["Id"][:12], "Image": c["Config"]["Image"], "Names": n, "Status": status,
+                     "State": st["Status"], "Command": '"' + " ".join(_argv(c))[:20] + '…"',
+                     "CreatedAt": c["Created"], "Ports": ""})
+    if fmt:
+        for r in rows:
+            print(_render(fmt, r))
+        return 0
+    print(f"{'CONTAINER ID':<15}{'IMAGE':<35}{'COMMAND':<25}{'CREATED':<20}{'STATUS':<25}{'PORTS':<10}NAMES")
+    for r in rows:
+        print(f"{r['ID']:<15}{r['Image'][:32]:<35}{r['Command']:<25}{'':<20}{r['Status']:<25}{'':<10}{r['Names']}")
+    return 0
+
+
+def _logs(args):
+    tail = None
+    follow = False
+    name = None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-n", "--tail"):
+            tail = args[i + 1]
+            i += 1
+        elif a.startswith("--tail="):
+            tail = a.split("=", 1)[1]
+        elif a == "--since":
+            i += 1
+        elif a in ("-f", "--follow"):
+            follow = True
+        elif not a.startswith("-"):
+            name = a
+        i += 1
+    c = _load(name) if name else None
+    if c is None:
+        return _no_such("container", name)
+    path = os.path.join(_cdir(c["Name"].lstrip("/")), "log")
+    with open(path, "rb") as f:
+        data = f.read().decode(errors="replace")
+    lines = data.splitlines(keepends=True)
+    if tail not in (None, "all"):
+        lines = lines[-int(tail):] if int(tail) > 0 else []
+    sys.stdout.write("".join(lines))
+    sys.stdout.flush()
+    if follow:
+        with open(path, "rb") as f:
+            f.seek(len(data.encode()))
+            while True:
+                chunk = f.read()
+                if chunk:
+                    sys.stdout.write(chunk.decode(errors="replace"))
+                    sys.stdout.flush()
+                elif not _state_of(c["Name"].lstrip("/")).get("Running"):
+                    break
+                else:
+                    time.sleep(0.2)
+    return 0
+
+
+def _exec(args):
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] in ("-e", "--env", "-u", "--user", "-w", "--workdir") else 1
+    if i >= len(args):
+        print('"docker exec" requires at least 2 arguments.', file=sys.stderr)
+        return 1
+    c = _load(args[i])
+    if c is None:
+        return _no_such("container", args[i])
+    if not c["State"]["Running"]:
+        print(f"Error response from daemon: container {c['Id']} is not running", file=sys.stderr)
+        return 1
+    import resource
+    limits = _limits(c)
+
+    def child_setup():
+        _apply_limits(limits)
+
+    argv = args[i + 1:]
+    try:
+        return subprocess.run(_private_tmp(c["Name"].lstrip("/"), argv), env=_container_env(c), preexec_fn=child_setup,
+                              cwd=os.path.join(_cdir(c["Name"].lstrip("/")), "rootfs")).returncode
+    except FileNotFoundError:
+        print(f"OCI runtime exec failed: exec failed: unable to start container process: exec: \"{argv[0]}\": "
+              "executable file not found in $PATH: unknown", file=sys.stderr)
+        return 126
+
+
+def _stop(args):
+    timeout = 10
+    names = []
+    i = 0
+    while i < len(args):
+        if args[i] in ("-t", "--timeout", "--time"):
+            timeout = int(args[i + 1])
+            i += 2
+            continue
+        if args[i].startswith("--timeout=") or args[i].startswith("--time="):
+            timeout = int(args[i].split("=", 1)[1])
+        else:
+            names.append(args[i])
+        i += 1
+    rc = 0
+    for n in names:
+        c = _load(n)
+        if c is None:
+            rc = _no_such("container", n)
+            continue
+        st = c["State"]
+        if st["Running"]:
+            import signal as _signal
+            try:
+                os.kill(st["Pid"], _signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.time() + timeout
+            while time.time() < deadline and _state_of(n).get("Running"):
+                time.sleep(0.05)
+            if _state_of(n).get("Running"):
+                try:
+                    os.killpg(os.getpgid(st["Pid"]), _signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                for _ in range(100):
+                    if not _state_of(n).get("Running"):
+                        break
+                    time.sleep(0.05)
+        print(n)
+    return rc
+
+
+def _start_cmd(args):
+    rc = 0
+    for n in [a for a in args if not a.startswith("-")]:
+        c = _load(n)
+        if c is None:
+            rc = _no_such("container", n)
+            continue
+        if not c["State"]["Running"]:
+            _start(c["Name"].lstrip("/"))
+        print(n)
+    return rc
+
+
+def _rm(args):
+    force = any(a in ("-f", "--force") for a in args)
+    rc = 0
+    for n in [a for a in args if not a.startswith("-")]:
+        c = _load(n)
+        if c is None:
+            rc = _no_such("container", n)
+            continue
+        if c["State"]["Running"]:
+            if not force:
+                print(f'Error response from daemon: cannot remove container "/{n}": container is running: stop the '
+                      "container before removing or force remove", file=sys.stderr)
+                rc = 1
+                continue
+            _stop(["--timeout", "0", n])
+        import shutil
+        shutil.rmtree(_cdir(c["Name"].lstrip("/")), ignore_errors=True)
+        print(n)
+    return rc
+
+
+def _container(args):
+    sub = {"inspect": _inspect_containers, "ls": _ps, "logs": _logs, "stop": _stop, "start": _start_cmd,
+           "rm": _rm, "exec": _exec, "run": _run}
+    if args and args[0] in sub:
+        return sub[args[0]](args[1:])
+    print("Usage:  docker container COMMAND", file=sys.stderr)
+    return 1
+
+
+CONTAINER_COMMANDS = {"run": _run, "ps": _ps, "inspect": _inspect_containers, "logs": _logs, "exec": _exec,
+                      "stop": _stop, "start": _start_cmd, "rm": _rm, "container": _container}
 
 
 TOOLS = {"ibdev2netdev": ibdev2netdev, "show_gids": show_gids, "nvidia-smi": nvidia_smi,
@@ -442,6 +1001,8 @@ TOOLS = {"ibdev2netdev": ibdev2netdev, "show_gids": show_gids, "nvidia-smi": nvi
 
 def main():
     name = os.path.basename(sys.argv[0])
+    if sys.argv[1:2] == ["__shim"]:  # a container's shim, started by `docker run`/`docker start`
+        name = "docker"
     tool = TOOLS.get(name)
     if tool is None:
         print(f"{name}: not a lab tool", file=sys.stderr)
