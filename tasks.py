@@ -53,6 +53,51 @@ def sync_model(c, inventory=None, source=None, to=None, verify=None, streams=Non
                    _num(bwlimit, "--bwlimit"), set_)
 
 
+@task(help={"inventory": INVENTORY, "check": "show the diff against the hosts and change nothing (exit 1 if any differ)",
+            "set": SET}, iterable=["set_"])
+def env(c, inventory=None, check=False, set_=None):
+    """Render one env file per rank (GPU UUID, GID index, IPs from the hosts) into env/ and onto each host, 0600."""
+    cli.env(inventory, check, set_)
+
+
+RANK_ORDER = "start order, e.g. B,A (default: workers first, then the head)"
+TIMEOUT = "seconds to wait for `Application startup complete` and /health (default: vllm_start_timeout_s)"
+
+
+@task(help={"inventory": INVENTORY, "rank-order": RANK_ORDER, "dry-run": "print the exact docker run per host; change nothing",
+            "recreate": "replace containers that exist with another configuration (or stopped)",
+            "timeout": TIMEOUT, "rollback": "on failure, stop and remove what this launch started", "set": SET},
+      iterable=["set_"])
+def launch(c, inventory=None, rank_order=None, dry_run=False, recreate=False, timeout=None, rollback=False, set_=None):
+    """Start the multi-node vLLM containers in rank order, gated, until the head serves /health."""
+    cli.launch(inventory, rank_order, dry_run, recreate, _num(timeout, "--timeout"), rollback, set_)
+
+
+@task(help={"inventory": INVENTORY, "set": SET}, iterable=["set_"])
+def stop(c, inventory=None, set_=None):
+    """Stop the head, then the workers (docker stop --timeout 60); confirm they exited and the GPUs are free."""
+    cli.stop(inventory, set_)
+
+
+@task(help={"inventory": INVENTORY, "rank-order": RANK_ORDER, "timeout": TIMEOUT, "set": SET}, iterable=["set_"])
+def start(c, inventory=None, rank_order=None, timeout=None, set_=None):
+    """Resume the stopped containers in rank order, with the same gates as launch."""
+    cli.start(inventory, rank_order, _num(timeout, "--timeout"), set_)
+
+
+@task(help={"inventory": INVENTORY, "json": JSON, "set": SET}, iterable=["set_"])
+def status(c, inventory=None, json=False, set_=None):
+    """Per rank: container state, uptime, image digest, GPU memory used."""
+    cli.status(inventory, json, set_)
+
+
+@task(help={"inventory": INVENTORY, "rank": "host name (B) or rank number (1)", "follow": "keep following",
+            "lines": "only the last N lines", "set": SET}, iterable=["set_"])
+def logs(c, inventory=None, rank=None, follow=False, lines=None, set_=None):
+    """Show one rank's container log."""
+    cli.logs(inventory, rank, follow, _int(lines, "--lines"), set_)
+
+
 @task(name="up", help={"hosts": "number of test hosts (A, B, C, ...); default 2"})
 def lab_up(c, hosts=2):
     """Start the lab: N test hosts as network namespaces with sshd, rails and simulated GPU tools."""
@@ -98,4 +143,4 @@ def lab_ssh(c, host):
 
 
 lab = Collection("lab", lab_up, lab_down, lab_fault, lab_heal, lab_checkpoint, lab_ssh)
-ns = Collection(preflight, trust_hosts, sync_model, lab)
+ns = Collection(preflight, trust_hosts, sync_model, env, launch, start, stop, status, logs, lab)

@@ -119,6 +119,120 @@ def sync_model(inventory: str | None = None, source: str | None = None, to: str 
     return 0 if rep.ok else 1
 
 
+@entry
+def env(inventory: str | None = None, check: bool = False, overrides=None) -> int:
+    from .launch import apply_env, plan_env, write_local
+    from .runner import Runner
+    inv = _inventory(inventory, overrides)
+    con = console()
+    with Runner(inv.hosts) as runner:
+        _, files = plan_env(inv, runner)
+        local = write_local(files)
+        for f in files:
+            if f.changed:
+                con.print(f.diff(), highlight=False, markup=False, end="")
+            else:
+                con.print(f"{f.host}: {f.path} is current", style="green")
+        if check:
+            changed = [f.host for f in files if f.changed]
+            con.print(f"--check: {len(changed)} file(s) would change ({', '.join(changed) or 'none'}); nothing written "
+                      "to the hosts", style="bold")
+            return 1 if changed else 0
+        written = apply_env(runner, files)
+    con.print(f"rendered {len(files)} env file(s) into {local[0].parent}/; written on: {', '.join(written) or 'none (all current)'}")
+    return 0
+
+
+def _print_launch(rep, con, what: str) -> int:
+    from rich.text import Text
+    if rep.failure:
+        con.print(Text(f"FAILED: {rep.failure}", style="bold red"))
+        for host, text in rep.logs.items():
+            con.print(Text(f"--- last lines of {host}'s log ---", style="bold"))
+            con.print(text.rstrip() or "(empty)", highlight=False, markup=False)
+        if rep.rolled_back:
+            con.print(f"rolled back (stopped and removed) on: {', '.join(rep.rolled_back)}")
+        con.print(Text(f"fix: {rep.hint}", style="cyan"))
+        return 1
+    if rep.noop:
+        con.print(Text(f"{what}: already running with this configuration on {', '.join(rep.order)}: nothing to do",
+                       style="green"))
+        return 0
+    con.print(Text(f"{what}: ready in {rep.ready_seconds:.1f} s ({' -> '.join(rep.order)}); API {rep.api} "
+                   "(the key is in vllm_api_key_file on the head)", style="bold green"))
+    return 0
+
+
+@entry
+def launch(inventory: str | None = None, rank_order: str | None = None, dry_run: bool = False, recreate: bool = False,
+           timeout: float | None = None, rollback: bool = False, overrides=None) -> int:
+    from .launch import launch as run
+    inv = _inventory(inventory, overrides)
+    con = console()
+    rep = run(inv, rank_order, dry_run, recreate, timeout, rollback, con)
+    if dry_run:
+        for host in rep.order:
+            con.print(f"# {host} (rank {inv.host(host).rank})", style="bold")
+            con.print(rep.commands[host], highlight=False, markup=False, soft_wrap=True)
+        if rep.hint:
+            con.print(rep.hint, style="yellow")
+        con.print("dry run: nothing was changed", style="bold")
+        return 0
+    return _print_launch(rep, con, "launch")
+
+
+@entry
+def start(inventory: str | None = None, rank_order: str | None = None, timeout: float | None = None,
+          overrides=None) -> int:
+    from .launch import start as run
+    inv = _inventory(inventory, overrides)
+    con = console()
+    return _print_launch(run(inv, rank_order, timeout, con), con, "start")
+
+
+@entry
+def stop(inventory: str | None = None, overrides=None) -> int:
+    from .launch import stop as run
+    inv = _inventory(inventory, overrides)
+    con = console()
+    res = run(inv)
+    for r in res:
+        ok = r.status in ("exited", "missing") and r.gpu_free
+        con.print(f"{r.host}: {r.detail}", style="green" if ok else "bold red")
+    return 0 if all(r.status in ("exited", "missing") and r.gpu_free for r in res) else 1
+
+
+@entry
+def status(inventory: str | None = None, json_out: bool = False, overrides=None) -> int:
+    import json as _json
+    from rich.table import Table
+    from .launch import status as run
+    inv = _inventory(inventory, overrides)
+    rows = run(inv)
+    if json_out:
+        print(_json.dumps({"ok": all(r.get("running") for r in rows), "ranks": rows}, indent=2))
+    else:
+        t = Table(title="status", title_justify="left")
+        for c in ("rank", "host", "container", "state", "uptime", "image", "GPU memory"):
+            t.add_column(c, overflow="fold")
+        for r in rows:
+            mem = r.get("gpu_memory")
+            t.add_row(str(r["rank"]), r["host"], r.get("container", ""), r["state"],
+                      f"{r['uptime_s']:.0f} s" if r.get("uptime_s") is not None else "-",
+                      ("pinned digest" if r.get("pinned_digest_ok") else "NOT the pinned digest") if r.get("image_id") else "-",
+                      f"{mem['used_mib']} / {mem['total_mib']} MiB" if mem else "-")
+        console().print(t)
+    return 0 if all(r.get("running") for r in rows) else 1
+
+
+@entry
+def logs(inventory: str | None = None, rank: str | None = None, follow: bool = False, lines: int | None = None,
+         overrides=None) -> int:
+    from .launch import logs as run
+    inv = _inventory(inventory, overrides)
+    return run(inv, rank, follow, lines, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+
+
 # ---------------------------------------------------------------- lab
 
 @entry

@@ -44,12 +44,11 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
         Section("ip_addr", cmd("ip", "-br", "addr", "show"), "ip"),
         Section("ip_link", cmd("ip", "-o", "link", "show"), "ip"),
         Section("ethtool", cmd("ethtool", rail.name), "ethtool"),
-        Section("gids", cmd("show_gids", rail.hca), "show_gids"),
+        gids_section(rail.hca),
         Section("time", cmd("timedatectl", "show") + " 2>/dev/null || " + cmd("timedatectl"), "timedatectl"),
         Section("df", f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -P -B1 \"$p\"", "df"),
         Section("du", f"if [ -d {model} ]; then du -sb --exclude=.cache {model}; fi", "du", 60),
-        Section("gpus", cmd("nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total",
-                            "--format=csv,noheader,nounits"), "nvidia-smi"),
+        gpus_section(),
         Section("gpu_apps", cmd("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
                                 "--format=csv,noheader,nounits"), "nvidia-smi"),
     ]
@@ -59,6 +58,15 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
     if host.is_head and inv.workers:
         sections.append(ssh_peer_section(inv.workers))
     return sections
+
+
+def gpus_section() -> Section:
+    return Section("gpus", cmd("nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total",
+                               "--format=csv,noheader,nounits"), "nvidia-smi")
+
+
+def gids_section(hca: str) -> Section:
+    return Section("gids", cmd("show_gids", hca), "show_gids")
 
 
 def ssh_peer_section(targets: list[Host]) -> Section:

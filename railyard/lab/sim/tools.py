@@ -358,6 +358,10 @@ def _image_doc(name, digest):
 
 def _find_image(ref):
     images = _images()
+    for name, d in images.items():  # by image id, as `docker image inspect sha256:...` does
+        doc = _image_doc(name, d)
+        if ref.startswith("sha256:") and doc["Id"] == ref:
+            return doc
     if "@" in ref:
         repo, digest = ref.split("@", 1)
         repo = repo.rsplit(":", 1)[0] if ":" in repo.rsplit("/", 1)[-1] else repo
@@ -388,7 +392,7 @@ def _render(fmt, doc):
         as_json = expr.startswith("json ")
         field = expr[5:].strip() if as_json else expr
         v = doc
-        for part in field.lstrip(".").split("."):
+        for part in [p for p in field.lstrip(".").split(".") if p]:  # `.` alone is the whole document
             v = v.get(part, "<no value>") if isinstance(v, dict) else "<no value>"
         out += json.dumps(v) if as_json else _go_value(v)
         i = k + 2

@@ -255,6 +255,7 @@ def worker_rendezvous(args, stop):
     while not stop.is_set():
         try:
             s = socket.create_connection(addr, timeout=2)
+            s.settimeout(None)  # joined: now wait as long as the head lives
             break
         except OSError:
             if time.time() > deadline:
