@@ -11,6 +11,7 @@ $RAILYARD_LAB_HOST_DIR/state. Standard library only: this runs on the test host.
 
 import hashlib
 import json
+import shlex
 import signal
 import os
 import socket
@@ -682,9 +683,30 @@ def _limits(cfg):
 
 
 def _private_tmp(name, argv):
-    """Run argv with the container's own /tmp (a private mount namespace), as in a real container."""
+    """Run argv in a private mount namespace with the container's own /tmp and its bind volumes
+    under /tmp and /run mounted for real (a tmpfs over /run, as a container has its own). Binds
+    to paths that cannot be made on a lab host (/model at the root) are resolved by the stand-in."""
+    cfg = _load(name)
     tmp = os.path.join(_cdir(name), "rootfs", "tmp")
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /tmp && exec "$@"', tmp] + argv
+    steps = ['mount --bind "$0" /tmp']
+    run_done = False
+    for b in cfg["HostConfig"]["Binds"]:
+        parts = b.split(":")
+        src, dst = parts[0], parts[1]
+        ro = len(parts) > 2 and "ro" in parts[2].split(",")
+        if not (dst.startswith("/run/") or dst.startswith("/tmp/")):
+            continue
+        if dst.startswith("/run/") and not run_done:
+            steps.append("mount -t tmpfs railyard-run /run")
+            run_done = True
+        make = f"mkdir -p {shlex.quote(os.path.dirname(dst))} && " + (
+            f"touch {shlex.quote(dst)}" if os.path.isfile(src) else f"mkdir -p {shlex.quote(dst)}")
+        steps.append(make)
+        steps.append(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}")
+        if ro:
+            steps.append(f"mount -o remount,ro,bind {shlex.quote(dst)}")
+    script = " && ".join(steps) + ' && exec "$@"'
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, tmp] + argv
 
 
 def _apply_limits(limits):

@@ -1,0 +1,219 @@
+"""env + launch + stop/start/status/logs against the lab's docker and vLLM stand-ins."""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from railyard import lab
+from railyard.inventory import load_inventory
+from railyard.lab import faults
+from railyard.lab.checkpoint import write_checkpoint
+from railyard.launch import LaunchError, launch, plan_env, start, status, stop
+from railyard.runner import Runner
+
+from .conftest import inv_cmd
+
+pytestmark = pytest.mark.lab
+NAME = "glm53-full"
+
+
+def home(host):
+    return lab.lab_dir() / "hosts" / host / "home"
+
+
+def on(host, line):
+    root = lab.lab_dir()
+    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
+                          timeout=60)
+
+
+def remove_containers():
+    for h in ("A", "B"):
+        on(h, f"docker rm -f {NAME} >/dev/null 2>&1; true")
+
+
+@pytest.fixture(scope="module")
+def stations(lab_inventory):
+    for h in ("A", "B"):
+        write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+    yield lab_inventory
+    remove_containers()
+    for h in ("A", "B"):
+        shutil.rmtree(home(h) / "models", ignore_errors=True)
+        (home(h) / "glm53.env").unlink(missing_ok=True)
+
+
+@pytest.fixture
+def clean(stations):
+    remove_containers()
+    faults.heal()
+    assert inv_cmd("env", "-i", str(stations)).returncode == 0
+    yield stations
+    faults.heal()
+    remove_containers()
+
+
+def inv(path, *overrides):
+    return load_inventory(path, list(overrides))
+
+
+def test_env_files_are_0600_current_files_untouched_and_check_changes_nothing(stations):
+    for h in ("A", "B"):
+        (home(h) / "glm53.env").unlink(missing_ok=True)
+    r = inv_cmd("env", "-i", str(stations), "--check")
+    assert r.returncode == 1 and "+GID_INDEX=3" in r.stdout and "nothing written" in r.stdout
+    assert not (home("A") / "glm53.env").exists()
+    r = inv_cmd("env", "-i", str(stations))
+    assert r.returncode == 0 and "written on: A, B" in r.stdout
+    for h, rank in (("A", 0), ("B", 1)):
+        f = home(h) / "glm53.env"
+        assert (f.stat().st_mode & 0o777) == 0o600
+        text = f.read_text()
+        assert f"RANK={rank}\n" in text and "HEAD_IP=198.18.101.11\n" in text and "GID_INDEX=3\n" in text
+        gpu = [line for line in text.splitlines() if line.startswith("GPU_UUID=")][0]
+        smi = on(h, "nvidia-smi --query-gpu=uuid,name --format=csv,noheader").stdout
+        assert gpu[9:] + ", NVIDIA GB300" in smi  # the GB300's UUID, never the display GPU's
+    assert "WORKER_IP=198.18.101.12" in (home("A") / "glm53.env").read_text()
+    before = {h: (home(h) / "glm53.env").stat().st_mtime_ns for h in ("A", "B")}
+    r = inv_cmd("env", "-i", str(stations))
+    assert "none (all current)" in r.stdout
+    assert {h: (home(h) / "glm53.env").stat().st_mtime_ns for h in ("A", "B")} == before
+    assert inv_cmd("env", "-i", str(stations), "--check").returncode == 0
+
+
+@pytest.mark.parametrize("fault,value,fact", [("no-gpu", None, "GPU_UUID: no GPU matches 'GB300'"),
+                                              ("gid-index", "none", "GID_INDEX: no RoCE v2 GID for 198.18.101.12")])
+def test_env_refuses_when_a_fact_is_missing(clean, fault, value, fact):
+    faults.fault("B", fault, value)
+    r = inv_cmd("env", "-i", str(clean))
+    assert r.returncode == 1 and f"B: {fact}" in r.stderr and "fix:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_gid_index_is_discovered_into_the_env(clean):
+    faults.fault("B", "gid-index", "5")
+    r = inv_cmd("env", "-i", str(clean))
+    assert "-GID_INDEX=3" in r.stdout and "+GID_INDEX=5" in r.stdout
+    assert "GID_INDEX=5\n" in (home("B") / "glm53.env").read_text()
+
+
+def test_launch_workers_first_then_relaunch_is_a_noop(clean):
+    r = inv_cmd("launch", "-i", str(clean), "--timeout", "60")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ready in" in r.stdout and "(B -> A)" in r.stdout
+    a = json.loads(on("A", f"docker inspect {NAME}").stdout)[0]
+    b = json.loads(on("B", f"docker inspect {NAME}").stdout)[0]
+    assert a["State"]["Running"] and b["State"]["Running"]
+    assert b["State"]["StartedAt"] < a["State"]["StartedAt"]  # the worker first
+    argv = a["Args"]
+    assert "--headless" not in " ".join(argv) and "--headless" in " ".join(b["Args"])
+    assert a["HostConfig"]["Binds"][0].endswith(":/model:ro") and "IPC_LOCK" in a["HostConfig"]["CapAdd"]
+    key = (home("A") / ".config" / "railyard" / "vllm-api-key")
+    assert (key.stat().st_mode & 0o777) == 0o600
+    secret = key.read_text().strip()
+    assert secret not in json.dumps(a) and secret not in r.stdout + r.stderr  # never on a command line or in output
+    assert secret not in on("A", f"docker logs {NAME}").stdout
+    health = on("A", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/v1/models")
+    assert health.stdout == "401"  # no key, no API
+    again = inv_cmd("launch", "-i", str(clean))
+    assert again.returncode == 0 and "already running with this configuration" in again.stdout
+    st = inv_cmd("status", "-i", str(clean), "--json")
+    ranks = json.loads(st.stdout)["ranks"]
+    assert st.returncode == 0 and [r["state"] for r in ranks] == ["running", "running"]
+    assert all(r["pinned_digest_ok"] and r["gpu_memory"]["used_mib"] > 200_000 for r in ranks)
+    logs = inv_cmd("logs", "-i", str(clean), "--rank", "A", "--lines", "5")
+    assert "Application startup complete" in logs.stdout
+    nccl = on("B", f"docker exec {NAME} sh -c 'cat /tmp/nccl_*.log'").stdout
+    assert "via NET/IB/0/GDRDMA" in nccl and "NCCL WARN" not in nccl
+
+
+def test_head_first_order_and_a_changed_configuration_needs_recreate(clean):
+    assert launch(inv(clean), None, False, False, 60, False, None).ok
+    with pytest.raises(LaunchError, match="another configuration.*--recreate"):
+        launch(inv(clean, "vllm_max_num_seqs=8"), None, False, False, 60, False, None)
+    rep = launch(inv(clean, "vllm_max_num_seqs=8"), "A,B", False, True, 60, False, None)
+    assert rep.ok and rep.order == ["A", "B"]
+    a = json.loads(on("A", f"docker inspect {NAME}").stdout)[0]
+    assert "--max-num-seqs 8" in a["Args"][-1]
+
+
+def test_stop_then_start(clean):
+    assert launch(inv(clean), None, False, False, 60, False, None).ok
+    res = stop(inv(clean))
+    assert [(r.host, r.status, r.gpu_free) for r in res] == [("A", "exited", True), ("B", "exited", True)]
+    states = {h: json.loads(on(h, f"docker inspect {NAME}").stdout)[0]["State"] for h in ("A", "B")}
+    assert states["A"]["FinishedAt"] < states["B"]["FinishedAt"]  # the head stopped first
+    assert on("A", "nvidia-smi --query-compute-apps=pid --format=csv,noheader").stdout == ""
+    r = inv_cmd("start", "-i", str(clean))
+    assert r.returncode == 0 and "start: ready" in r.stdout
+    assert all(s["running"] for s in status(inv(clean)))
+
+
+def test_dry_run_touches_nothing(clean):
+    key = home("A") / ".config" / "railyard" / "vllm-api-key"
+    key.unlink(missing_ok=True)
+    r = inv_cmd("launch", "-i", str(clean), "--dry-run")
+    assert r.returncode == 0 and r.stdout.count("docker run -d --name glm53-full") == 2
+    assert r.stdout.index("# B (rank 1)") < r.stdout.index("# A (rank 0)")
+    assert on("A", f"docker ps -a --format '{{{{.Names}}}}'").stdout == ""
+    assert on("B", f"docker ps -a --format '{{{{.Names}}}}'").stdout == ""
+    assert not key.exists()
+
+
+def test_a_busy_gpu_fails_the_rank_like_vllm_and_rollback_stops_the_rest(clean):
+    faults.fault("A", "gpu-busy", "100000")
+    r = inv_cmd("launch", "-i", str(clean), "--timeout", "30", "--rollback")
+    assert r.returncode == 1
+    assert "FAILED: A (rank 0)" in r.stdout
+    assert "Free memory on device cuda:0" in r.stdout  # the head's own log, printed
+    assert "--- last lines of B's log ---" in r.stdout
+    assert "rolled back" in r.stdout
+    assert "No such" in on("B", f"docker inspect {NAME}").stderr
+
+
+def test_a_worker_that_never_joins_times_out_on_the_head(clean):
+    faults.fault("B", "link-down")
+    rep = launch(inv(clean), None, False, False, 8, True, None)
+    assert not rep.ok and rep.failed_rank == "A" and "within 8 s" in rep.failure
+    assert "Waiting for 1 remote node(s)" in rep.logs["A"]
+    assert "waiting for the head" in rep.logs["B"]
+
+
+def test_a_crashed_head_is_named(clean):
+    assert launch(inv(clean), None, False, False, 60, False, None).ok
+    on("A", f"docker stop --timeout 5 {NAME}")
+    on("B", f"docker stop --timeout 5 {NAME}")
+    faults.fault("A", "gpu-busy", "100000")
+    rep = start(inv(clean), None, 20, None)
+    assert not rep.ok and rep.failed_rank == "A" and "exited with code 1" in rep.failure
+
+
+def test_hostile_values_stay_values(clean):
+    hostile = "a'b \"c\" ; touch /root/pwned $(id) `id`"
+    r = inv_cmd("launch", "-i", str(clean), "--set", f"vllm_extra_env={{X_HOSTILE: {json.dumps(hostile)}}}",
+                "--timeout", "60")
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = on("A", f"docker exec {NAME} printenv X_HOSTILE").stdout
+    assert env == hostile + "\n"
+    assert not (home("A") / "pwned").exists() and not (home("B") / "pwned").exists()
+    dry = inv_cmd("launch", "-i", str(clean), "--dry-run", "--set", f"vllm_extra_env={{X_HOSTILE: {json.dumps(hostile)}}}")
+    line = [ln for ln in dry.stdout.splitlines() if ln.startswith("docker run")][0]
+    assert f"X_HOSTILE={hostile}" in shlex.split(line)
+
+
+def test_a_wrong_gid_index_gives_a_non_gdrdma_nccl_log(clean):
+    r = inv_cmd("launch", "-i", str(clean), "--set", "vllm_extra_env={NCCL_IB_GID_INDEX: '1'}", "--timeout", "60")
+    assert r.returncode == 0, r.stdout + r.stderr
+    nccl = on("A", f"docker exec {NAME} sh -c 'cat /tmp/nccl_*.log'").stdout
+    assert "GDRDMA" not in nccl.replace("GDR 0", "") and "via NET/IB/0\n" in nccl
+    assert "NCCL WARN NET/IB : Got completion from peer" in nccl and "vendor err 129" in nccl
+
+
+def test_launch_refuses_stale_env_files(clean):
+    faults.fault("B", "gid-index", "7")
+    with pytest.raises(LaunchError, match="not current on B: run `inv env`"):
+        launch(inv(clean), None, False, False, 60, False, None)
+    assert "No such" in on("B", f"docker inspect {NAME}").stderr
