@@ -517,11 +517,15 @@ def _write_state(name, **kw):
     os.replace(tmp, os.path.join(_cdir(name), "state.json"))
 
 
+RUN_SINGLE = {"--name": "name", "--gpus": "gpus", "--network": "network", "--ipc": "ipc", "--shm-size": "shm",
+              "--entrypoint": "entrypoint"}
+RUN_MULTI = {"--device": "devices", "--cap-add": "caps", "--ulimit": "ulimits", "-v": "volumes", "--volume": "volumes"}
+
+
 def _parse_run(args):
     opts = {"env": [], "volumes": [], "devices": [], "caps": [], "ulimits": [], "labels": {}, "detach": False,
             "name": None, "gpus": None, "network": "bridge", "ipc": "", "shm": "", "entrypoint": None, "rm": False}
-    with_value = {"--name", "--gpus", "--network", "--ipc", "--shm-size", "--device", "--cap-add", "--ulimit",
-                  "-v", "--volume", "-e", "--env", "--label", "-l", "--entrypoint", "--env-file", "-w", "--workdir"}
+    with_value = set(RUN_SINGLE) | set(RUN_MULTI) | {"-e", "--env", "--label", "-l", "--env-file", "-w", "--workdir"}
     i = 0
     while i < len(args):
         a = args[i]
@@ -540,31 +544,15 @@ def _parse_run(args):
             opts["detach"] = True
         elif a == "--rm":
             opts["rm"] = True
-        elif a == "--name":
-            opts["name"] = v
-        elif a == "--gpus":
-            opts["gpus"] = v
-        elif a == "--network":
-            opts["network"] = v
-        elif a == "--ipc":
-            opts["ipc"] = v
-        elif a == "--shm-size":
-            opts["shm"] = v
-        elif a == "--device":
-            opts["devices"].append(v)
-        elif a == "--cap-add":
-            opts["caps"].append(v)
-        elif a == "--ulimit":
-            opts["ulimits"].append(v)
-        elif a in ("-v", "--volume"):
-            opts["volumes"].append(v)
+        elif a in RUN_SINGLE:
+            opts[RUN_SINGLE[a]] = v
+        elif a in RUN_MULTI:
+            opts[RUN_MULTI[a]].append(v)
         elif a in ("-e", "--env"):
             opts["env"].append(v if "=" in v else f"{v}={os.environ.get(v, '')}")
         elif a in ("--label", "-l"):
             k, _, val = v.partition("=")
             opts["labels"][k] = val
-        elif a == "--entrypoint":
-            opts["entrypoint"] = v
         elif v is None:
             raise ValueError(f"unknown flag: {a}")
         i += 1
