@@ -313,6 +313,7 @@ def _install_sims(root: Path, hosts: list[LabHost]) -> None:
     (nccl / "lib").mkdir(parents=True, exist_ok=True)
     (nccl / "__init__.py").write_text("")
     (nccl / "lib" / "libnccl.so.2").write_text("railyard lab stand-in for NCCL 2.30.7\n")
+    _build_memlock_shim(root / "sim")
     config = {"lab_dir": str(root), "image": LAB_IMAGE_NAME, "image_digest": LAB_IMAGE_DIGEST}
     (root / "sim" / "lab.json").write_text(json.dumps(config))
     for h in hosts:
@@ -327,6 +328,19 @@ def _install_sims(root: Path, hosts: list[LabHost]) -> None:
         images = h.dir / "docker" / "images.json"
         if not images.exists():
             images.write_text(json.dumps({LAB_IMAGE_NAME: LAB_IMAGE_DIGEST}))
+
+
+def _build_memlock_shim(sim: Path) -> None:
+    """Containers ask for `--ulimit memlock=-1`; raising it needs CAP_SYS_RESOURCE, which a sandboxed
+    lab may not have. Where the real limit cannot be set, the container's processes see the limit it
+    was given through this small preload library (as libfaketime shows a shifted clock)."""
+    out = sim / "memlock.so"
+    src = Path(__file__).parent / "sim" / "memlock.c"
+    if out.exists() and out.stat().st_mtime >= src.stat().st_mtime:
+        return
+    if shutil.which("gcc") is None:
+        raise LabError("lab: needs gcc to build its memlock shim: apt-get install gcc libc6-dev")
+    sh("gcc", "-shared", "-fPIC", "-O2", "-o", str(out), str(src), "-ldl")
 
 
 def _ensure_bridges() -> None:

@@ -651,6 +651,15 @@ def _container_env(cfg):
     env["HOSTNAME"] = socket.gethostname()
     env["HOME"] = "/root"
     # what the stand-in needs to know about its container (a real one would see it directly)
+    import resource
+    for u in cfg["HostConfig"]["Ulimits"]:
+        if u["Name"] == "memlock":
+            want = resource.RLIM_INFINITY if u["Soft"] < 0 else u["Soft"]
+            hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+            if hard != resource.RLIM_INFINITY and (want == resource.RLIM_INFINITY or want > hard):
+                # this machine may not grant it: show the processes the limit the container was given
+                env["LD_PRELOAD"] = os.path.join(HERE, "memlock.so")
+                env["RAILYARD_LAB_MEMLOCK"] = "unlimited" if u["Soft"] < 0 else str(u["Soft"])
     env["RAILYARD_LAB_CONTAINER"] = _cdir(cfg["Name"].lstrip("/"))
     env["RAILYARD_LAB_HOST_DIR"] = HOST_DIR
     env["RAILYARD_LAB_DIR"] = lab["lab_dir"]
@@ -678,7 +687,7 @@ def _private_tmp(name, argv):
     tmp = os.path.join(_cdir(name), "rootfs", "tmp")
     steps = ['mount --bind "$0" /tmp']
     run_done = False
-    for b in cfg["HostConfig"]["Binds"]:
+    for b in cfg["HostConfig"]["Binds"]:  # noqa: the /dev setup below needs /run first
         parts = b.split(":")
         src, dst = parts[0], parts[1]
         ro = len(parts) > 2 and "ro" in parts[2].split(",")
@@ -693,6 +702,24 @@ def _private_tmp(name, argv):
         steps.append(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}")
         if ro:
             steps.append(f"mount -o remount,ro,bind {shlex.quote(dst)}")
+    # its own /dev: the usual nodes, and the devices it was given (/dev/infiniband cannot exist on a
+    # lab host, so its device files are made here, in the container's view only)
+    if not run_done:
+        steps.append("mount -t tmpfs railyard-run /run")
+    steps += ["mkdir -p /run/.hostdev", "mount --rbind /dev /run/.hostdev", "mount -t tmpfs -o mode=755 railyard-dev /dev"]
+    for node in ("null", "zero", "full", "random", "urandom", "tty"):
+        steps.append(f"touch /dev/{node} && mount --bind /run/.hostdev/{node} /dev/{node}")
+    steps += ["mkdir -p /dev/pts /dev/shm", "mount --rbind /run/.hostdev/pts /dev/pts",
+              "mount --rbind /run/.hostdev/shm /dev/shm", "ln -s /proc/self/fd /dev/fd"]
+    for d in cfg["HostConfig"]["Devices"]:
+        dev = d["PathInContainer"]
+        if dev.rstrip("/") == "/dev/infiniband":
+            steps.append("mkdir -p /dev/infiniband && touch /dev/infiniband/uverbs0 /dev/infiniband/uverbs1 "
+                         "/dev/infiniband/rdma_cm")
+        elif dev.startswith("/dev/"):
+            steps.append(f"[ -e /run/.hostdev/{shlex.quote(dev[5:])} ] && touch {shlex.quote(dev)} && "
+                         f"mount --bind /run/.hostdev/{shlex.quote(dev[5:])} {shlex.quote(dev)} || true")
+    steps.append("umount -l /run/.hostdev && rmdir /run/.hostdev")
     script = " && ".join(steps) + ' && exec "$@"'
     return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, tmp] + argv
 

@@ -160,12 +160,9 @@ def nccl_log(rank, nranks, peer_ip):
     gid = os.environ.get("NCCL_IB_GID_INDEX", "")
     netdev = _rail_of(ip)
     hcas = {"mlx5_0": "cx8r0", "mlx5_1": "cx8r1"}
-    has_dev = any(d["PathInContainer"] == "/dev/infiniband" for d in cfg["HostConfig"]["Devices"])
+    has_dev = os.path.exists("/dev/infiniband/uverbs0")  # the container's own /dev
     ipc_lock = "IPC_LOCK" in cfg["HostConfig"]["CapAdd"]
-    # what the container was given (`--ulimit memlock=-1`); the lab may not be allowed to raise
-    # the real limit, so the container's configuration is the truth here, as it is for docker
-    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY or any(
-        u["Name"] == "memlock" and u["Soft"] == -1 for u in cfg["HostConfig"]["Ulimits"])
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY
     want_gid = _v2_index(hca, ip) if hca in hcas else None
     p = f"{hostname}:{pid}:{pid} [0] NCCL INFO "
     w = f"{hostname}:{pid}:{pid} [0] NCCL WARN "
