@@ -98,6 +98,20 @@ def logs(c, inventory=None, rank=None, follow=False, lines=None, set_=None):
     cli.logs(inventory, rank, follow, _int(lines, "--lines"), set_)
 
 
+@task(name="verify-rdma", help={"inventory": INVENTORY, "log": "judge this NCCL log file instead (repeatable; no SSH)",
+                                "json": JSON, "set": SET}, iterable=["set_", "log"])
+def verify_rdma(c, inventory=None, log=None, json=False, set_=None):
+    """Prove NCCL uses GPUDirect RDMA over the rail on every rank (not a silent TCP fallback)."""
+    cli.verify_rdma(inventory, log, json, set_)
+
+
+@task(help={"inventory": INVENTORY, "json": JSON, "watch": "repeat every N seconds as a live view", "set": SET},
+      iterable=["set_"])
+def health(c, inventory=None, json=False, watch=None, set_=None):
+    """Ranks up and on their GPUs; the head's /health, /v1/models, a real chat completion and /metrics."""
+    cli.health(inventory, json, _num(watch, "--watch"), set_)
+
+
 @task(name="up", help={"hosts": "number of test hosts (A, B, C, ...); default 2"})
 def lab_up(c, hosts=2):
     """Start the lab: N test hosts as network namespaces with sshd, rails and simulated GPU tools."""
@@ -143,4 +157,4 @@ def lab_ssh(c, host):
 
 
 lab = Collection("lab", lab_up, lab_down, lab_fault, lab_heal, lab_checkpoint, lab_ssh)
-ns = Collection(preflight, trust_hosts, sync_model, env, launch, start, stop, status, logs, lab)
+ns = Collection(preflight, trust_hosts, sync_model, env, launch, start, stop, status, logs, verify_rdma, health, lab)

@@ -233,6 +233,89 @@ def logs(inventory: str | None = None, rank: str | None = None, follow: bool = F
     return run(inv, rank, follow, lines, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
 
 
+@entry
+def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, json_out: bool = False,
+                overrides=None) -> int:
+    import json as _json
+    from rich.table import Table
+    from rich.text import Text
+    from .verify import judge_files, verify_rdma as run
+    results = judge_files(list(logs)) if logs else run(_inventory(inventory, overrides))
+    ok = bool(results) and all(r.verdict == "pass" for r in results)
+    if json_out:
+        print(_json.dumps({"ok": ok, "ranks": [r.as_dict() for r in results]}, indent=2))
+        return 0 if ok else 1
+    t = Table(title="verify-rdma: NCCL transport per rank", title_justify="left")
+    for c in ("source", "verdict", "transport", "GDRDMA", "HCAs", "NCCL", "reasons"):
+        t.add_column(c, overflow="fold")
+    for r in results:
+        t.add_row(r.source, Text(r.verdict.upper(), style="green" if r.verdict == "pass" else "bold red"),
+                  r.net_transport or "none seen", "yes" if r.gdrdma else "no", ", ".join(r.hcas) or "-",
+                  r.nccl_version or "?", Text("\n".join(r.reasons), style="red") if r.reasons else "")
+    con = console()
+    con.print(t)
+    con.print(Text("OK: every rank uses IB with GPUDirect RDMA on the rail" if ok else
+                   "FAILED: see the reasons; a socket fallback makes a multi-node model several times slower",
+                   style="bold green" if ok else "bold red"))
+    return 0 if ok else 1
+
+
+def _health_once(inv, json_out: bool) -> int:
+    import json as _json
+    from dataclasses import asdict
+    from rich.table import Table
+    from rich.text import Text
+    from .verify import health as run
+    ranks, probes, metrics = run(inv)
+    ok = all(r.ok for r in ranks) and all(p.ok for p in probes)
+    if json_out:
+        print(_json.dumps({"ok": ok, "ranks": [asdict(r) for r in ranks], "probes": [asdict(p) for p in probes],
+                           "metrics": metrics}, indent=2))
+        return 0 if ok else 1
+    con = console()
+    t = Table(title="health: ranks", title_justify="left")
+    for c in ("rank", "host", "container", "uptime", "GPU memory", "serving process", "problems"):
+        t.add_column(c, overflow="fold")
+    for r in ranks:
+        t.add_row(str(r.rank), r.host, r.state, f"{r.uptime_s:.0f} s" if r.uptime_s is not None else "-",
+                  f"{r.gpu_used_mib} MiB" if r.gpu_used_mib is not None else "-", r.serving_process or "-",
+                  Text("; ".join(r.reasons), style="bold red") if r.reasons else Text("ok", style="green"))
+    con.print(t)
+    p = Table(title=f"health: API on {inv.head.name}", title_justify="left")
+    for c in ("probe", "result", "detail", "latency"):
+        p.add_column(c, overflow="fold")
+    for pr in probes:
+        p.add_row(pr.name, Text("OK" if pr.ok else "FAIL", style="green" if pr.ok else "bold red"), pr.detail,
+                  f"{pr.ms:.0f} ms" if pr.ms else "-")
+    con.print(p)
+    if metrics:
+        fmt = lambda v, pct=False: "-" if v is None else (f"{v * 100:.1f} %" if pct else f"{v:g}")
+        con.print(f"metrics: running {fmt(metrics['running'])}, waiting {fmt(metrics['waiting'])}, KV cache "
+                  f"{fmt(metrics['kv_cache_usage'], True)}, prefix-cache hit rate "
+                  f"{fmt(metrics['prefix_cache_hit_rate'], True)}, speculative acceptance "
+                  f"{fmt(metrics['spec_acceptance'], True)}")
+    con.print(Text("OK: healthy" if ok else "FAILED: see above", style="bold green" if ok else "bold red"))
+    return 0 if ok else 1
+
+
+@entry
+def health(inventory: str | None = None, json_out: bool = False, watch: float | None = None, overrides=None) -> int:
+    import time as _time
+    inv = _inventory(inventory, overrides)
+    if not watch:
+        return _health_once(inv, json_out)
+    if watch < 1:
+        from .errors import UsageError
+        raise UsageError(f"--watch {watch}: at least 1 second")
+    code = 0
+    while True:  # a live view: the screen is redrawn every WATCH seconds until Ctrl-C
+        if not json_out:
+            console().clear()
+        code = _health_once(inv, json_out)
+        _time.sleep(watch)
+    return code
+
+
 # ---------------------------------------------------------------- lab
 
 @entry

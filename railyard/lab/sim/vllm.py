@@ -201,6 +201,12 @@ def nccl_log(rank, nranks, peer_ip):
     for ch in range(2):
         lines.append(p + f"Channel {ch:02d}/0 : {other}[0] -> {rank}[0] [receive] via {via}")
         lines.append(p + f"Channel {ch:02d}/0 : {rank}[0] -> {other}[0] [send] via {via}")
+    mtu_mismatch = transport == "IB" and any(m != _my_mtu() for m in PEER_MTU)
+    if mtu_mismatch and gid == want_gid:
+        # RoCE frames larger than the smaller MTU are dropped: the QP runs out of retries
+        lines.append(w + f"NET/IB : Got completion from peer {peer_ip}<43210> with status=12 opcode=1 len=0 "
+                         f"vendor err 129 (Send) localGid ::ffff:{ip} remoteGid ::ffff:{peer_ip}")
+        lines.append(p + "transport/net_ib.cc:2035 -> 6")
     if transport == "IB" and gid != want_gid:
         lines.append(w + f"NET/IB : Got completion from peer {peer_ip}<43210> with status=12 opcode=0 len=0 "
                          f"vendor err 129 (Recv) localGid ::ffff:{ip} remoteGid ::ffff:{peer_ip}")
@@ -238,10 +244,26 @@ def head_rendezvous(args, stop):
             continue
         line = conn.makefile().readline().strip()
         peers.append((conn, addr[0], line))
+        try:
+            PEER_MTU.append(int(line.split("mtu ")[1].split()[0]))
+        except (IndexError, ValueError):
+            pass
         log(f"Node {addr[0]} joined ({line}); {len(peers)}/{n}", where="multiproc_executor.py:131")
     for conn, _, _ in peers:
-        conn.sendall(b"GO\n")
+        conn.sendall(f"GO mtu {_my_mtu()}\n".encode())
     return srv, peers
+
+
+PEER_MTU = []
+
+
+def _my_mtu():
+    iface = _rail_of(os.environ.get("VLLM_HOST_IP", ""))
+    try:
+        with open(f"/sys/class/net/{iface}/mtu") as f:
+            return int(f.read())
+    except (OSError, ValueError, TypeError):
+        return 0
 
 
 def worker_rendezvous(args, stop):
@@ -260,10 +282,15 @@ def worker_rendezvous(args, stop):
             time.sleep(0.5)
     else:
         sys.exit(0)
-    s.sendall(f"rank {args['node-rank']}\n".encode())
+    s.sendall(f"rank {args['node-rank']} mtu {_my_mtu()}\n".encode())
     f = s.makefile()
-    if f.readline().strip() != "GO":
+    go = f.readline().strip()
+    if not go.startswith("GO"):
         fail("The head closed the connection during rendezvous", "RuntimeError")
+    try:
+        PEER_MTU.append(int(go.split("mtu ")[1]))
+    except (IndexError, ValueError):
+        pass
     return s, f
 
 
