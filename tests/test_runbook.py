@@ -1,0 +1,158 @@
+"""Run every command of docs/runbook.md against the lab, in the situation its section describes."""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from railyard import lab
+from railyard.lab import faults
+from railyard.lab.checkpoint import write_checkpoint
+
+from .conftest import ROOT, inv_cmd
+
+pytestmark = pytest.mark.lab
+RUNBOOK = ROOT / "docs" / "runbook.md"
+NAME = "glm53-full"
+
+
+def scenarios():
+    """(title, [commands], {directives}) for each ```sh block followed by a lab comment."""
+    text = RUNBOOK.read_text()
+    out = []
+    title = "intro"
+    pattern = re.compile(r"^(#{2,3} [^\n]*)$|```sh\n(.*?)```\n<!-- lab: (.*?) -->", re.M | re.S)
+    for m in pattern.finditer(text):
+        if m.group(1):
+            title = m.group(1).lstrip("# ").strip()
+            continue
+        commands = [c.strip() for c in m.group(2).splitlines() if c.strip().startswith("inv ")]
+        directives = dict(part.strip().split("=", 1) for part in m.group(3).split(";") if "=" in part)
+        out.append((title, commands, directives))
+    return out
+
+
+def on(host, line):
+    root = lab.lab_dir()
+    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
+                          timeout=60)
+
+
+def home(h):
+    return lab.lab_dir() / "hosts" / h / "home"
+
+
+def test_every_runbook_command_block_is_covered():
+    blocks = re.findall(r"```sh\n(.*?)```", RUNBOOK.read_text(), re.S)
+    inv_blocks = [b for b in blocks if "inv " in b]
+    assert len(scenarios()) == len(inv_blocks) >= 15
+    tested = {c.split()[1] for _, cmds, _ in scenarios() for c in cmds}
+    assert {"preflight", "sync-model", "env", "launch", "verify-rdma", "health", "stop", "start", "status",
+            "logs"} <= tested
+
+
+@pytest.fixture(scope="module")
+def runbook_lab(lab_inventory):
+    yield lab_inventory
+    faults.heal()
+    for h in ("A", "B"):
+        on(h, f"docker rm -f {NAME} >/dev/null 2>&1; true")
+        shutil.rmtree(home(h) / "models", ignore_errors=True)
+
+
+def _fresh(inv_path):
+    faults.heal()
+    for h in ("A", "B"):
+        on(h, f"docker rm -f {NAME} >/dev/null 2>&1; true")
+        shutil.rmtree(home(h) / "models", ignore_errors=True)
+        (home(h) / "glm53.env").unlink(missing_ok=True)
+    write_checkpoint(home("A") / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+
+
+def _run(cmds, inv_path, extra=()):
+    outputs, code = "", 0
+    for c in cmds:
+        argv = shlex.split(c)[1:] + list(extra)
+        r = inv_cmd(*argv, env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
+        assert "Traceback" not in r.stderr, (c, r.stderr)
+        assert r.returncode != 2, (c, r.stderr)
+        outputs += r.stdout + r.stderr
+        code = max(code, r.returncode)
+    return code, outputs
+
+
+def _setup(d, inv_path):
+    _fresh(inv_path)
+    state = d.get("state", "fresh")
+    if state in ("running", "handrun", "ready"):  # ready: synced and env written, not launched
+        for c in ("sync-model --verify size", "env"):
+            r = inv_cmd(*c.split(), env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
+            assert r.returncode == 0, r.stdout + r.stderr
+    if state == "running":
+        extra = ["--set", d["set"]] if "set" in d else []
+        r = inv_cmd("launch", *extra, env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+    if state == "handrun":  # an operator started the containers by hand, without one flag
+        r = inv_cmd("launch", "--dry-run", env={"RAILYARD_INVENTORY": str(inv_path)})
+        cmds = [ln for ln in r.stdout.splitlines() if ln.startswith("docker run")]
+        for host, c in zip(("B", "A"), cmds):
+            argv = shlex.split(c)
+            drop = shlex.split(d["without"])
+            for i in range(len(argv) - len(drop) + 1):
+                if argv[i:i + len(drop)] == drop:
+                    del argv[i:i + len(drop)]
+                    break
+            assert on(host, shlex.join(argv)).returncode == 0
+        on("A", "mkdir -p ~/.config/railyard && test -s ~/.config/railyard/vllm-api-key || echo k > ~/.config/railyard/vllm-api-key")
+        for _ in range(60):
+            if "Application startup complete" in on("A", f"docker logs {NAME}").stdout:
+                break
+            time.sleep(0.5)
+    if "fault" in d:
+        host, kind, *value = d["fault"].split()
+        faults.fault(host, kind, value[0] if value else None)
+    if "corrupt" in d:
+        r = inv_cmd("sync-model", env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
+        assert r.returncode == 0
+        shard = sorted((home(d["corrupt"]) / "models" / "GLM-5.3-NVFP4").glob("model-*.safetensors"))[0]
+        st = os.stat(shard)
+        with open(shard, "r+b") as f:
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 1]))
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    if "revoke" in d:
+        ak = home(d["revoke"]) / ".ssh" / "authorized_keys"
+        ak.write_text(ak.read_text().splitlines()[0] + "\n")
+    if "kill" in d:
+        pid = on(d["kill"], f"docker inspect --format '{{{{.State.Pid}}}}' {NAME}").stdout.strip()
+        subprocess.run(["kill", "-9", pid], check=True)
+        time.sleep(2)
+
+
+@pytest.mark.parametrize("title,commands,directives", scenarios(), ids=[s[0] for s in scenarios()])
+def test_runbook_section(runbook_lab, title, commands, directives):
+    try:
+        _setup(directives, runbook_lab)
+        if title.startswith("The copies of the checkpoint differ"):
+            code, out = _run(commands[:1], runbook_lab)
+            assert code == 1 and directives["expect"] in out
+            code, out = _run(commands[1:], runbook_lab)
+            assert code == 0 and "OK: copies equal" in out
+            return
+        code, out = _run(commands, runbook_lab)
+        if "expect" in directives:
+            assert directives["expect"] in out, out[-3000:]
+        if title == "Normal bring-up, in order" or directives.get("exit") == "0":
+            assert code == 0, out[-3000:]
+        else:
+            assert code == int(directives["exit"]), out[-3000:]
+    finally:
+        if "revoke" in directives:
+            lab.up(2, log=lambda *_: None)  # rewrites every host's authorized_keys
+        faults.heal()
