@@ -17,7 +17,8 @@ import re
 from dataclasses import asdict, dataclass, field
 
 _MARK = re.compile(r"NCCL (INFO|WARN|ERROR) ")
-_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
+_VERSION = re.compile(r"\b[NR]CCL version[ :]*(\d+\.\d+\.\d+)")
+_NNODES = re.compile(r"\bnNodes (\d+)")
 _CHANNEL = re.compile(r"\b(?:Channel|Ring) \d+(?:/\d+)? ?: .*?\bvia (NET/.+?)\s*$")
 _IB_USING = re.compile(r"NET/IB\S* ?: Using (.*)$")
 _HCA = re.compile(r"\[\d+\]([A-Za-z0-9_]+):\d+")
@@ -94,11 +95,11 @@ def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankV
     warnings: list[str] = []
     traces: list[str] = []
     no_ib_device = memlock_error = False
+    m = _VERSION.search(text)  # older NCCL prints it on a line of its own, without `NCCL INFO`
+    if m:
+        version = m.group(1)
+    nnodes = [int(n) for n in _NNODES.findall(text)]
     for level, msg, line in _messages(text):
-        if version is None:
-            m = _VERSION.search(msg)
-            if m:
-                version = m.group(1)
         m = _IB_USING.search(msg)
         if m:
             for h in _HCA.findall(m.group(1)):
@@ -118,11 +119,16 @@ def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankV
             t = _TRACE.match(msg.strip())
             if t and not t.group(1).startswith("plugin/"):  # a plugin that fails to load is not a failure
                 traces.append(msg.strip())
+    if nnodes and max(nnodes) < 2:
+        channels = []  # NET channels between ranks of one node (NCCL_P2P_LEVEL/SHM_DISABLE) prove nothing
     kinds = sorted({k for k, _ in channels})
     transport = None if not kinds else ("Socket" if "Socket" in kinds else kinds[0] if len(kinds) == 1 else "+".join(kinds))
     gdrdma = bool(channels) and all(g for k, g in channels) and transport == "IB"
     reasons: list[str] = []
-    if transport is None:
+    if transport is None and nnodes and max(nnodes) < 2:
+        reasons.append("every communicator in the log is single-node (nNodes 1): no inter-node channel to judge "
+                       f"(fix: {HINTS['nochannel']})")
+    elif transport is None:
         reasons.append(f"no inter-node channel seen (fix: {HINTS['nochannel']})")
     elif transport != "IB":
         why = HINTS["socket_nodev"] if no_ib_device and not memlock_error else \

@@ -1,0 +1,126 @@
+"""The NCCL log judge on real logs: fixtures/real/nccl (origins in ORIGINS*.md beside them)."""
+
+import json
+
+import pytest
+
+from railyard.nccl import judge
+
+from .conftest import REAL, inv_cmd
+
+NCCL = REAL / "nccl"
+PUB = NCCL / "public"
+
+
+def j(path, expect=None):
+    return judge(path.read_text(errors="replace"), str(path), expect)
+
+
+def test_roce_gdrdma_run_passes_despite_a_failed_plugin_and_no_enabled_line():
+    v = j(NCCL / "sglang-dsr1-2node-8xroce-gdrdma-nccl2.27.5.log")
+    assert (v.verdict, v.net_transport, v.gdrdma, v.nccl_version) == ("pass", "IB", True, "2.27.5")
+    assert v.hcas == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_11"]
+    text = (NCCL / "sglang-dsr1-2node-8xroce-gdrdma-nccl2.27.5.log").read_text()
+    assert "plugin/net.cc:118 -> 2" in text and "GPU Direct RDMA Enabled" not in text
+    # judged against a rail: HCAs outside it fail, naming them
+    narrow = j(NCCL / "sglang-dsr1-2node-8xroce-gdrdma-nccl2.27.5.log", ["mlx5_0"])
+    assert narrow.verdict == "fail" and any("not the configured rail's mlx5_0" in r for r in narrow.reasons)
+
+
+@pytest.mark.parametrize("scenario", ["default", "default_subsys_all", "ib_disabled", "lo_socket"])
+def test_h200_socket_fallbacks_fail_with_the_reason(scenario):
+    for rank in (0, 1):
+        v = j(NCCL / f"h200-two-hosts-one-gpu_{scenario}_nccl2.28.9_r{rank}.log")
+        assert (v.verdict, v.net_transport, v.gdrdma, v.nccl_version) == ("fail", "Socket", False, "2.28.9")
+        assert "over Socket, not IB" in v.reasons[0]
+    text = (NCCL / f"h200-two-hosts-one-gpu_{scenario}_nccl2.28.9_r0.log").read_text()
+    if scenario != "ib_disabled":
+        # the trap: a line that contains "GPU Direct RDMA" in a broken setup
+        assert "GPU Direct RDMA Disabled for HCA" in text
+        assert "/dev/infiniband" in j(NCCL / f"h200-two-hosts-one-gpu_{scenario}_nccl2.28.9_r0.log").reasons[0]
+
+
+def test_h200_forced_ib_and_bad_socket_interface_fail_on_their_warnings():
+    v = j(NCCL / "h200-two-hosts-one-gpu_net_ib_forced_nccl2.28.9_r0.log")
+    assert v.verdict == "fail" and v.net_transport is None
+    assert v.warnings == ["Failed to initialize any NET plugin"]
+    b = j(NCCL / "h200-two-hosts-one-gpu_bad_socket_ifname_nccl2.28.9_r0.log")
+    assert b.verdict == "fail" and b.nccl_version is None  # that log never reached its version line
+    assert b.warnings == ["Bootstrap : no socket interface found"]
+    assert any("NCCL_SOCKET_IFNAME" in r for r in b.reasons)
+    silent = j(NCCL / "h200-two-hosts-one-gpu_bad_socket_ifname_nccl2.28.9_r1.log")  # 2 lines: nothing to prove
+    assert silent.verdict == "fail" and "no inter-node channel seen" in silent.reasons[0]
+
+
+def test_vllm_ray_prefixes_and_dedup_markers_still_pass():
+    v = j(PUB / "vllm-ray-2node-8xib-gdrdma_nccl2.21.5_ray-prefix-dedup.log")
+    assert (v.verdict, v.net_transport, v.gdrdma, v.nccl_version) == ("pass", "IB", True, "2.21.5")
+
+
+def test_mpi_prefixes_old_ring_format_without_gdrdma_fail():
+    v = j(PUB / "k8s-horovod-sriov-ib_nccl2.4.8_mpi-timestamp-prefix_ring-no-gdrdma.log")
+    assert (v.verdict, v.net_transport, v.gdrdma, v.nccl_version) == ("fail", "IB", False, "2.4.8")
+    assert any("without GPUDirect RDMA" in r for r in v.reasons)
+    assert any("ibv_open_device" in w for w in v.warnings)
+
+
+def test_old_busid_channel_format_is_read():
+    v = j(PUB / "a100-nccl2.7.6_busid-channel-format_fragments.log")
+    assert v.net_transport == "IB" and v.gdrdma and v.nccl_version == "2.7.6"
+    assert "mlx5_8" in v.hcas
+
+
+def test_nccl_2_4_socket_using_at_init_is_not_taken_for_a_fallback():
+    v = j(PUB / "horovod-nccl2.4.7_socket-using-at-init-then-net-ib_fragment.log")
+    assert v.net_transport is None  # no channel lines in this fragment: not "Socket"
+    assert v.verdict == "fail" and "no inter-node channel seen" in v.reasons[0]
+
+
+@pytest.mark.parametrize("name", ["dgx-spark-vllm-ray_ibext_v10-dmabuf_fragments.log",
+                                  "64rank-ibext_v8-channels-no-gdrdma_fragment.log"])
+def test_external_ib_plugins_count_as_ib_but_need_gdrdma(name):
+    v = j(PUB / name)
+    assert v.net_transport == "IB" and not v.gdrdma and v.verdict == "fail"
+
+
+def test_ib_with_gdr_disabled_by_distance_fails():
+    v = j(PUB / "horovod-2node-ib_gdr-disabled-distance_ring-net-ib-0_fragment.log")
+    assert v.net_transport == "IB" and not v.gdrdma and v.verdict == "fail"
+
+
+@pytest.mark.parametrize("name", ["ibext-plugin-loaded-yet-socket-channels_fragments.log",
+                                  "vllm-ray-2node-rccl2.26.6_socket-fallback_no-libibverbs.log"])
+def test_plugin_loaded_yet_socket_channels_fail(name):
+    v = j(PUB / name)
+    assert v.net_transport == "Socket" and v.verdict == "fail"
+
+
+def test_ib_completion_error_fails_with_the_warning():
+    v = j(PUB / "nccl-tests-2node-roce_ib-completion-error-vendor-err-81_fragment.log")
+    assert v.verdict == "fail" and any("vendor err 81" in w for w in v.warnings)
+
+
+def test_lab_style_wrong_gid_warning_points_at_gid_and_mtu():
+    text = ("B:31895:31895 [0] NCCL INFO NCCL version 2.30.7+cuda13.0\n"
+            "B:31895:31895 [0] NCCL INFO NET/IB : Using [0]mlx5_1:1/RoCE [RO]; OOB cx8r1:198.18.101.12<0>\n"
+            "B:31895:31895 [0] NCCL INFO comm 0x1 rank 1 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0\n"
+            "B:31895:31895 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [receive] via NET/IB/0\n"
+            "B:31895:31895 [0] NCCL WARN NET/IB : Got completion from peer 198.18.101.11<43210> with status=12 "
+            "opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:198.18.101.12 remoteGid ::ffff:198.18.101.11\n")
+    v = judge(text, "lab", ["mlx5_1"])
+    assert v.verdict == "fail" and any("NCCL_IB_GID_INDEX" in r and "MTU" in r for r in v.reasons)
+
+
+def test_cli_judges_local_files_without_ssh_json_contract():
+    r = inv_cmd("verify-rdma", "--log", str(NCCL / "sglang-dsr1-2node-8xroce-gdrdma-nccl2.27.5.log"),
+                "--log", str(NCCL / "h200-two-hosts-one-gpu_default_nccl2.28.9_r0.log"), "--json")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and [x["verdict"] for x in doc["ranks"]] == ["pass", "fail"]
+    assert set(doc["ranks"][0]) == {"source", "verdict", "net_transport", "gdrdma", "hcas", "nccl_version",
+                                    "warnings", "reasons"}
+    assert [x["net_transport"] for x in doc["ranks"]] == ["IB", "Socket"]
+    ok = inv_cmd("verify-rdma", "--log", str(NCCL / "sglang-dsr1-2node-8xroce-gdrdma-nccl2.27.5.log"))
+    assert ok.returncode == 0 and "PASS" in ok.stdout
+    missing = inv_cmd("verify-rdma", "--log", "/nonexistent/nccl.log")
+    assert missing.returncode == 2 and "--log /nonexistent/nccl.log" in missing.stderr
