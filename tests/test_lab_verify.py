@@ -1,0 +1,87 @@
+"""verify-rdma and health against launched lab containers."""
+
+import json
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from railyard import lab
+from railyard.lab import faults
+from railyard.lab.checkpoint import write_checkpoint
+
+from .conftest import inv_cmd
+
+pytestmark = pytest.mark.lab
+NAME = "glm53-full"
+
+
+def home(h):
+    return lab.lab_dir() / "hosts" / h / "home"
+
+
+def on(host, line):
+    root = lab.lab_dir()
+    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
+                          timeout=60)
+
+
+def run(*args, inv):
+    return inv_cmd(*args, env={"RAILYARD_INVENTORY": str(inv)}, timeout=180)
+
+
+@pytest.fixture
+def served(lab_inventory):
+    faults.heal()
+    for h in ("A", "B"):
+        on(h, f"docker rm -f {NAME} >/dev/null 2>&1; true")
+        write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+    assert run("env", inv=lab_inventory).returncode == 0
+    yield lab_inventory
+    faults.heal()
+    for h in ("A", "B"):
+        on(h, f"docker rm -f {NAME} >/dev/null 2>&1; true")
+        shutil.rmtree(home(h) / "models", ignore_errors=True)
+
+
+def test_a_correct_launch_verifies_and_is_healthy(served):
+    assert run("launch", inv=served).returncode == 0
+    r = run("verify-rdma", "--json", inv=served)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["ok"] and len(doc["ranks"]) == 2
+    assert all(x["net_transport"] == "IB" and x["gdrdma"] and x["hcas"] == ["mlx5_1"] for x in doc["ranks"])
+    h = run("health", "--json", inv=served)
+    hd = json.loads(h.stdout)
+    assert h.returncode == 0 and hd["ok"]
+    assert [p["name"] for p in hd["probes"]] == ["/health", "/v1/models", "chat completion", "/metrics"]
+    assert all(p["ok"] and p["ms"] is not None for p in hd["probes"])
+    assert "finish_reason stop" in hd["probes"][2]["detail"]
+    assert [r_["serving_process"] for r_ in hd["ranks"]] == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"]
+    assert hd["metrics"]["spec_acceptance"] == pytest.approx(0.75)
+    table = run("health", inv=served)
+    assert "prefix-cache hit rate" in table.stdout and "OK: healthy" in table.stdout
+
+
+def test_a_rail_mtu_mismatch_fails_verification(served):
+    faults.fault("B", "mtu", "4200")
+    assert run("launch", inv=served).returncode == 0  # the model comes up: only verification catches it
+    doc = json.loads(run("verify-rdma", "--json", inv=served).stdout)
+    assert not doc["ok"]
+    for rank in doc["ranks"]:
+        assert rank["verdict"] == "fail" and any("vendor err 129" in w for w in rank["warnings"])
+        assert any("MTU" in r for r in rank["reasons"])
+
+
+def test_health_names_the_rank_whose_container_died(served):
+    assert run("launch", inv=served).returncode == 0
+    pid = on("B", f"docker inspect --format '{{{{.State.Pid}}}}' {NAME}").stdout.strip()
+    subprocess.run(["kill", "-9", pid], check=True)
+    time.sleep(2)
+    h = run("health", "--json", inv=served)
+    doc = json.loads(h.stdout)
+    assert h.returncode == 1 and not doc["ok"]
+    b = next(r for r in doc["ranks"] if r["host"] == "B")
+    assert not b["ok"] and "container glm53-full is exited" in b["reasons"][0]
+    v = run("verify-rdma", inv=served)
+    assert v.returncode == 1 and "container glm53-full is exited on B" in v.stdout
