@@ -61,6 +61,16 @@ def test_a_correct_launch_verifies_and_is_healthy(served):
     assert hd["metrics"]["spec_acceptance"] == pytest.approx(0.75)
     table = run("health", inv=served)
     assert "prefix-cache hit rate" in table.stdout and "OK: healthy" in table.stdout
+    import os
+    import sys
+    from .conftest import ROOT
+    watch = subprocess.Popen([sys.executable, "-m", "invoke", "health", "--watch", "1"], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=dict(os.environ, RAILYARD_INVENTORY=str(served)))
+    time.sleep(6)
+    watch.terminate()
+    out, _ = watch.communicate(timeout=30)
+    assert out.count("OK: healthy") >= 2  # it kept going: a live view
 
 
 def test_a_rail_mtu_mismatch_fails_verification(served):
