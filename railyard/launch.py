@@ -234,18 +234,25 @@ def serve_args(inv: Inventory, h: Host) -> list[str]:
     return [str(a) for a in args]
 
 
-def run_command(inv: Inventory, f: RankFacts) -> str:
-    """The exact `docker run` for this rank; its label carries a hash of everything else in it."""
+def container_context(inv: Inventory, f: RankFacts, drop_env: tuple[str, ...] = ()) -> dict:
+    """The values every container of a rank is rendered with (container-flags.j2)."""
     h = f.host
     vals = env_values(inv, f)
-    environment = {k: tpl.format(**vals) for k, tpl in NCCL_ENV}
+    environment = {k: tpl.format(**vals) for k, tpl in NCCL_ENV if k not in drop_env}
     environment.update({k: str(v) for k, v in h.vars["vllm_extra_env"].items()})
-    j = _jinja()
-    entry = "; ".join(line for line in j.get_template("entrypoint.sh.j2").render(
-        serve_args=serve_args(inv, h)).splitlines() if line.strip())
-    ctx = dict(vals, environment=environment, entrypoint=entry, is_head=h.is_head, shm_size=h.vars["vllm_shm_size"],
-               api_key_file=_file_on_host(h.vars["vllm_api_key_file"], f.home or "~"))
-    body = j.get_template("docker-run.j2").render(config_hash="@@", **ctx).replace("\n", "")
+    return dict(vals, environment=environment, is_head=h.is_head, shm_size=h.vars["vllm_shm_size"],
+                api_key_file=_file_on_host(h.vars["vllm_api_key_file"], f.home or "~"))
+
+
+def render_command(template: str, ctx: dict) -> str:
+    return _jinja().get_template(template).render(**ctx).replace("\n", "")
+
+
+def run_command(inv: Inventory, f: RankFacts) -> str:
+    """The exact `docker run` for this rank; its label carries a hash of everything else in it."""
+    entry = "; ".join(line for line in _jinja().get_template("entrypoint.sh.j2").render(
+        serve_args=serve_args(inv, f.host)).splitlines() if line.strip())
+    body = render_command("docker-run.j2", dict(container_context(inv, f), entrypoint=entry, config_hash="@@"))
     digest = hashlib.sha256(body.encode()).hexdigest()[:16]
     return body.replace(q("railyard.config=@@"), q(f"railyard.config={digest}"))
 
