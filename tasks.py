@@ -112,6 +112,14 @@ def health(c, inventory=None, json=False, watch=None, set_=None):
     cli.health(inventory, json, _num(watch, "--watch"), set_)
 
 
+@task(name="nccl-check", help={"inventory": INVENTORY, "sizes": "message sizes, e.g. 1M,16M,256M,1G (default: nccl_check_sizes)",
+                               "timeout": "seconds the probe may run (default: nccl_check_timeout_s)",
+                               "json": JSON, "set": SET}, iterable=["set_"])
+def nccl_check(c, inventory=None, sizes=None, timeout=None, json=False, set_=None):
+    """All-reduce across the ranks over the rail in short-lived containers: transport and bandwidth, before launch."""
+    cli.nccl_check(inventory, sizes, _num(timeout, "--timeout"), json, set_)
+
+
 @task(name="up", help={"hosts": "number of test hosts (A, B, C, ...); default 2"})
 def lab_up(c, hosts=2):
     """Start the lab: N test hosts as network namespaces with sshd, rails and simulated GPU tools."""
@@ -157,4 +165,5 @@ def lab_ssh(c, host):
 
 
 lab = Collection("lab", lab_up, lab_down, lab_fault, lab_heal, lab_checkpoint, lab_ssh)
-ns = Collection(preflight, trust_hosts, sync_model, env, launch, start, stop, status, logs, verify_rdma, health, lab)
+ns = Collection(preflight, trust_hosts, sync_model, env, launch, start, stop, status, logs, verify_rdma, health,
+                nccl_check, lab)

@@ -316,6 +316,52 @@ def health(inventory: str | None = None, json_out: bool = False, watch: float | 
     return code
 
 
+@entry
+def nccl_check(inventory: str | None = None, sizes: str | None = None, timeout: float | None = None,
+               json_out: bool = False, overrides=None) -> int:
+    import json as _json
+    from rich.table import Table
+    from rich.text import Text
+    from .ncclcheck import nccl_check as run, parse_sizes
+    inv = _inventory(inventory, overrides)
+    if sizes:
+        parse_sizes(sizes)
+    rep = run(inv, sizes, timeout, None if json_out else console(stderr=True))
+    if json_out:
+        print(_json.dumps(rep.as_dict(), indent=2))
+        return 0 if rep.ok else 1
+    con = console()
+    t = Table(title="nccl-check: transport per rank", title_justify="left")
+    for c in ("source", "verdict", "transport", "GDRDMA", "HCAs", "NCCL", "reasons"):
+        t.add_column(c, overflow="fold")
+    for r in rep.ranks:
+        t.add_row(r.source, Text(r.verdict.upper(), style="green" if r.verdict == "pass" else "bold red"),
+                  r.net_transport or "none seen", "yes" if r.gdrdma else "no", ", ".join(r.hcas) or "-",
+                  r.nccl_version or "?", Text("\n".join(r.reasons), style="red") if r.reasons else "")
+    con.print(t)
+    b = Table(title="all-reduce (slowest rank per size)", title_justify="left")
+    for c in ("size", "time", "algbw", "busbw", "of the link"):
+        b.add_column(c, justify="right")
+    for s in rep.sizes:
+        b.add_row(_size(s.bytes), f"{s.time_ms:.2f} ms", f"{s.algbw_gbs:.2f} GB/s", f"{s.busbw_gbs:.2f} GB/s",
+                  f"{s.busbw_gbs * 8000 / rep.link_speed_mbps * 100:.0f} %")
+    con.print(b)
+    for e in rep.errors:
+        con.print(Text(f"error: {e}", style="bold red"))
+    frac = "-" if rep.link_fraction is None else f"{rep.link_fraction * 100:.0f} %"
+    con.print(Text(f"{'OK' if rep.ok else 'FAILED'}: largest size reached {frac} of {rep.link_speed_mbps} Mb/s "
+                   f"(threshold {rep.threshold * 100:.0f} %); probe containers removed on "
+                   f"{', '.join(rep.removed) or 'none'}", style="bold green" if rep.ok else "bold red"))
+    return 0 if rep.ok else 1
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
 # ---------------------------------------------------------------- lab
 
 @entry

@@ -542,6 +542,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         "ssh_connect_timeout": (1, 600), "ssh_command_timeout": (1, 86_400), "ssh_parallel": (1, 512),
         "model_size_gb": (0, 100_000), "vllm_port": (1, 65535), "vllm_master_port": (1, 65535),
         "vllm_tensor_parallel_size": (1, 1024), "vllm_gpu_memory_utilization": (0.01, 1.0),
+        "nccl_check_timeout_s": (10, 86_400), "nccl_check_min_link_fraction": (0.0, 1.0),
         "sync_streams": (1, 64), "sync_bwlimit_mbps": (0, 1_000_000), "sync_timeout_s": (1, 604_800),
     }
     for k, (lo, hi) in ranges.items():

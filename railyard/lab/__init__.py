@@ -309,6 +309,11 @@ def _install_sims(root: Path, hosts: list[LabHost]) -> None:
     vtext = VLLM_SOURCE.read_text()
     (image / "bin" / "vllm").write_text(f"#!{SYSTEM_PYTHON} -SI\n" + vtext.split("\n", 1)[1])
     os.chmod(image / "bin" / "vllm", 0o755)
+    # the image's python3: real, except for railyard's NCCL probe, which needs a GPU and PyTorch
+    (image / "bin" / "python3").write_text(
+        "#!/bin/sh\ncase \"$1\" in */nccl_probe.py) shift; exec " + SYSTEM_PYTHON + " -SI \"$(dirname \"$0\")/vllm\" "
+        "--railyard-probe \"$@\";; esac\nexec " + SYSTEM_PYTHON + " \"$@\"\n")
+    os.chmod(image / "bin" / "python3", 0o755)
     nccl = image / "site" / "nvidia" / "nccl"
     (nccl / "lib").mkdir(parents=True, exist_ok=True)
     (nccl / "__init__.py").write_text("")

@@ -147,12 +147,12 @@ def _v2_index(hca, ip):
 
 
 def nccl_log(rank, nranks, peer_ip):
-    path = os.environ.get("NCCL_DEBUG_FILE")
-    if not path or os.environ.get("NCCL_DEBUG", "").upper() != "INFO":
+    path = os.environ.get("NCCL_DEBUG_FILE")  # unset: NCCL writes its log to stdout
+    if os.environ.get("NCCL_DEBUG", "").upper() != "INFO":
         return None
     hostname = socket.gethostname()
     pid = os.getpid()
-    path = path.replace("%h", hostname).replace("%p", str(pid))
+    path = path.replace("%h", hostname).replace("%p", str(pid)) if path else None
     cfg = container_config()
     ip = os.environ.get("VLLM_HOST_IP", "")
     iface = os.environ.get("NCCL_SOCKET_IFNAME", "")
@@ -214,6 +214,9 @@ def nccl_log(rank, nranks, peer_ip):
     lines.append(p + f"Connected all rings, use ring PXN 0 GDR {1 if via.endswith('GDRDMA') else 0}")
     lines.append(p + f"ncclCommInitRankConfig comm 0x55d0c0de rank {rank} nranks {nranks} cudaDev 0 nvmlDev 0 "
                      "busId 8060000 commId 0x1f2e3d4c5b6a7988 - Init COMPLETE")
+    if not path:
+        print("\n".join(lines), flush=True)
+        return transport
     target = host_path(path)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(target, "w") as f:
@@ -504,5 +507,87 @@ def main(argv):
     httpd.serve_forever()
 
 
+# ---------------------------------------------------------------- the NCCL probe's stand-in
+
+def probe_main(argv):
+    """scripts/nccl_probe.py in a lab container: the same rendezvous and output lines, with the
+    bytes really sent over the lab's rail (TCP between the two network namespaces), timed."""
+    sizes = "1M"
+    for i, a in enumerate(argv):
+        if a == "--sizes" and i + 1 < len(argv):
+            sizes = argv[i + 1]
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    todo = []
+    for s in sizes.split(","):
+        s = s.strip().upper().rstrip("B").rstrip("I")
+        todo.append(int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+
+    def emit(**kw):
+        print(json.dumps(dict(railyard_probe=1, rank=rank, **kw)), flush=True)
+
+    if rank == 0:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((os.environ.get("VLLM_HOST_IP") or "0.0.0.0", addr[1]))
+        srv.listen(8)
+        srv.settimeout(120)
+        peers = []
+        while len(peers) < world - 1:
+            try:
+                c, a = srv.accept()
+            except socket.timeout:
+                emit(error="RuntimeError: timed out waiting for the other ranks")
+                sys.exit(1)
+            peers.append((c, a[0]))
+        nccl_log(0, world, peers[0][0].getpeername()[0] if peers else addr[0])
+        chunk = b"\0" * (1 << 20)
+        for size in todo:
+            t0 = time.perf_counter()
+            for c, _ in peers:
+                c.sendall(f"{size}\n".encode())
+                left = size
+                while left:
+                    n = min(left, len(chunk))
+                    c.sendall(chunk[:n])
+                    left -= n
+            for c, _ in peers:
+                c.recv(3)
+            t = time.perf_counter() - t0
+            for c, _ in peers:
+                c.sendall(f"{t!r}\n".encode())
+            emit(bytes=size, time_s=t, algbw_gbs=size / t / 1e9, busbw_gbs=size / t / 1e9 * 2 * (world - 1) / world)
+        return
+    deadline = time.time() + 120
+    while True:
+        try:
+            s = socket.create_connection(addr, timeout=2)
+            s.settimeout(None)
+            break
+        except OSError:
+            if time.time() > deadline:
+                emit(error=f"RuntimeError: could not reach the rendezvous at {addr[0]}:{addr[1]}")
+                sys.exit(1)
+            time.sleep(0.3)
+    f = s.makefile("rb")
+    nccl_log(rank, world, addr[0])
+    for _ in todo:
+        size = int(f.readline())
+        left = size
+        while left:
+            got = f.read(min(left, 1 << 20))
+            if not got:
+                emit(error="RuntimeError: the head closed the connection")
+                sys.exit(1)
+            left -= len(got)
+        s.sendall(b"ok\n")
+        t = float(f.readline())
+        emit(bytes=size, time_s=t, algbw_gbs=size / t / 1e9, busbw_gbs=size / t / 1e9 * 2 * (world - 1) / world)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--railyard-probe"]:
+        probe_main(sys.argv[2:])
+    else:
+        main(sys.argv[1:])
