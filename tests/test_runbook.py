@@ -145,7 +145,8 @@ def test_runbook_section(runbook_lab, title, commands, directives):
             code, out = _run(commands[1:], runbook_lab)
             assert code == 0 and "OK: copies equal" in out
             return
-        code, out = _run(commands, runbook_lab)
+        extra = ["--set", directives["set"]] if "set" in directives and directives.get("state") != "running" else []
+        code, out = _run(commands, runbook_lab, extra)
         if "expect" in directives:
             assert directives["expect"] in out, out[-3000:]
         if title == "Normal bring-up, in order" or directives.get("exit") == "0":
