@@ -30,7 +30,7 @@ from .inventory import ROLES_DIR, Host, Inventory
 from .preflight import gids_section, gpus_section
 from .probe import Section, joined_script, new_token, split_output
 from .runner import Runner
-from .transport import RemotePath, Session, Sh, cmd, q, quote_text
+from .transport import RemotePath, Session, Sh, cmd, q
 
 TEMPLATES = ROLES_DIR / "vllm" / "templates"
 LOCAL_ENV_DIR = "env"
@@ -579,13 +579,7 @@ def stop(inv: Inventory) -> list[StopResult]:
                     out.append(StopResult(h.name, "error", False, (r.stderr or str(r.error)).strip()))
                     continue
             c = inspect(s, name)
-            apps = s.run(cmd("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
-                             "--format=csv,noheader,nounits"), timeout=30)
-            try:
-                procs = [a for a in F.parse_compute_apps(apps.stdout) if a.gpu_uuid == facts[h.name].gpu_uuid] \
-                    if apps.ok else []
-            except F.ParseError:
-                procs = []
+            procs = gpu_usage(s, facts[h.name].gpu_uuid).processes
             detail = f"Status={c.status} Running={str(c.running).lower()}" if c.exists else "no container"
             if procs:
                 detail += "; still on the GPU: " + ", ".join(f"pid {p.pid} {p.name} {p.used_mib} MiB" for p in procs)
@@ -631,13 +625,8 @@ def status(inv: Inventory) -> list[dict]:
                     digests = json.loads(img.stdout.split(" ", 1)[1])
                 except (ValueError, IndexError):
                     digests = []
-            gpu = s.run(cmd("nvidia-smi", "--query-gpu=uuid,memory.used,memory.total", "--format=csv,noheader,nounits"),
-                        timeout=30)
-            used = None
-            for line in gpu.stdout.splitlines():
-                parts = [p.strip() for p in line.split(",")]
-                if parts and parts[0] == facts[h.name].gpu_uuid and len(parts) >= 3:
-                    used = {"used_mib": int(parts[1]), "total_mib": int(parts[2])}
+            g = gpu_usage(s, facts[h.name].gpu_uuid)
+            used = {"used_mib": g.used_mib, "total_mib": g.total_mib} if g.used_mib is not None else None
             return {"host": h.name, "rank": h.rank, "container": name, "state": c.status if c.exists else "missing",
                     "running": c.running, "started_at": c.started if c.exists else None,
                     "uptime_s": _uptime(c.started) if c.running else None,
@@ -650,6 +639,30 @@ def status(inv: Inventory) -> list[dict]:
                                                                     "state": "unreachable",
                                                                     "error": str(got[h.name].error)}
                 for h in inv.hosts]
+
+
+@dataclass
+class GpuUsage:
+    used_mib: int | None
+    total_mib: int | None
+    processes: list  # facts.GpuProcess on this GPU
+
+
+def gpu_usage(s: Session, uuid: str | None) -> GpuUsage:
+    """Memory used on one GPU (by UUID) and the compute processes holding it, in one round trip."""
+    sections = [gpus_section(), Section("apps", cmd("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,"
+                                                    "used_memory", "--format=csv,noheader,nounits"), "nvidia-smi")]
+    token = new_token()
+    r = s.run(joined_script(sections, token), timeout=60)
+    if r.error:
+        return GpuUsage(None, None, [])
+    out = split_output(r.stdout, sections, token)
+    try:
+        gpu = next((g for g in F.parse_gpus(out["gpus"].text) if g.uuid == uuid), None) if out["gpus"].ok else None
+        procs = [a for a in F.parse_compute_apps(out["apps"].text) if a.gpu_uuid == uuid] if out["apps"].ok else []
+    except F.ParseError:
+        gpu, procs = None, []
+    return GpuUsage(gpu.memory_used_mib if gpu else None, gpu.memory_total_mib if gpu else None, procs)
 
 
 def _uptime(stamp: str) -> float | None:

@@ -24,7 +24,7 @@ from . import checks as C
 from .errors import UsageError
 from .inventory import Host, Inventory
 from .preflight import ssh_peer_section
-from .probe import Section, joined_script, new_token, split_output
+from .probe import joined_script, new_token, split_output
 from .runner import Runner
 from .transport import RemotePath, Session, Sh, cmd, q, quote_text
 

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import facts as F
 from .errors import UsageError
 from .inventory import Host, Inventory
-from .launch import NCCL_ENV, inspect
+from .launch import NCCL_ENV, _uptime, gpu_usage, inspect
 from .nccl import RankVerdict, judge
 from .runner import Runner
 from .transport import RemotePath, Session, cmd, q
@@ -220,23 +218,13 @@ def health(inv: Inventory) -> tuple[list[RankHealth], list[Probe], dict]:
         def rank(s: Session) -> RankHealth:
             h = s.host
             c = inspect(s, name)
-            apps = s.run(cmd("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
-                             "--format=csv,noheader,nounits"), timeout=30)
-            gpus = s.run(cmd("nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total",
-                             "--format=csv,noheader,nounits"), timeout=30)
-            uuid = facts[h.name].gpu_uuid
-            try:
-                procs = [a for a in F.parse_compute_apps(apps.stdout) if a.gpu_uuid == uuid] if apps.ok else []
-                used = next((g.memory_used_mib for g in F.parse_gpus(gpus.stdout) if g.uuid == uuid), None) \
-                    if gpus.ok else None
-            except F.ParseError:
-                procs, used = [], None
+            usage = gpu_usage(s, facts[h.name].gpu_uuid)
+            procs, used = usage.processes, usage.used_mib
             reasons = []
             if not c.exists or not c.running:
                 reasons.append(f"container {name} is {c.status if c.exists else 'missing'}")
             if c.running and not procs:
                 reasons.append("no serving process on the GPU")
-            from .launch import _uptime
             return RankHealth(h.name, h.rank, c.status if c.exists else "missing",
                               _uptime(c.started) if c.running else None, used,
                               procs[0].name if procs else None, not reasons, reasons)

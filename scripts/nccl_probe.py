@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import time
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

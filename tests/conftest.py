@@ -55,6 +55,22 @@ def healthy_lab(lab_inventory):
     faults.heal()
 
 
+def on(host: str, *argv: str) -> subprocess.CompletedProcess:
+    """Run a command on a lab host over SSH; several words are quoted, one word is a shell line."""
+    import shlex
+    from railyard import lab
+    root = lab.lab_dir()
+    line = argv[0] if len(argv) == 1 else shlex.join(argv)
+    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
+                          timeout=60)
+
+
+def home(host: str) -> Path:
+    """A lab host's home directory (its /root), seen from this machine."""
+    from railyard import lab
+    return lab.lab_dir() / "hosts" / host / "home"
+
+
 def inv_cmd(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run `inv ARGS` from the repository root, the way a user does."""
     full_env = dict(os.environ)

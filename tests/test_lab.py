@@ -1,7 +1,6 @@
 """The lab itself: private homes, simulated tools that follow the kernel, faults, inv lab.*."""
 
 import json
-import shlex
 import subprocess
 
 import pytest
@@ -10,17 +9,11 @@ from railyard import facts as F
 from railyard import lab
 from railyard.lab import faults
 
-from .conftest import inv_cmd
+from .conftest import inv_cmd, on
 
 pytestmark = pytest.mark.lab
 
 
-def on(host: str, *argv: str) -> subprocess.CompletedProcess:
-    """Run a command on a lab host; several words are quoted, one word is a shell line."""
-    root = lab.lab_dir()
-    line = argv[0] if len(argv) == 1 else shlex.join(argv)
-    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
-                          timeout=60)
 
 
 def test_each_host_has_its_own_home_and_hostname(healthy_lab):

@@ -1,34 +1,24 @@
 """env + launch + stop/start/status/logs against the lab's docker and vLLM stand-ins."""
 
 import json
-import os
 import shlex
 import shutil
-import subprocess
 
 import pytest
 
-from railyard import lab
 from railyard.inventory import load_inventory
 from railyard.lab import faults
 from railyard.lab.checkpoint import write_checkpoint
-from railyard.launch import LaunchError, launch, plan_env, start, status, stop
-from railyard.runner import Runner
+from railyard.launch import LaunchError, launch, start, status, stop
 
-from .conftest import inv_cmd
+from .conftest import home, inv_cmd, on
 
 pytestmark = pytest.mark.lab
 NAME = "glm53-full"
 
 
-def home(host):
-    return lab.lab_dir() / "hosts" / host / "home"
 
 
-def on(host, line):
-    root = lab.lab_dir()
-    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
-                          timeout=60)
 
 
 def remove_containers():
@@ -158,8 +148,8 @@ def test_dry_run_touches_nothing(clean):
     r = inv_cmd("launch", "-i", str(clean), "--dry-run")
     assert r.returncode == 0 and r.stdout.count("docker run -d --name glm53-full") == 2
     assert r.stdout.index("# B (rank 1)") < r.stdout.index("# A (rank 0)")
-    assert on("A", f"docker ps -a --format '{{{{.Names}}}}'").stdout == ""
-    assert on("B", f"docker ps -a --format '{{{{.Names}}}}'").stdout == ""
+    assert on("A", "docker ps -a --format '{{.Names}}'").stdout == ""
+    assert on("B", "docker ps -a --format '{{.Names}}'").stdout == ""
     assert not key.exists()
 
 

@@ -7,24 +7,17 @@ import time
 
 import pytest
 
-from railyard import lab
 from railyard.lab import faults
 from railyard.lab.checkpoint import write_checkpoint
 
-from .conftest import inv_cmd
+from .conftest import home, inv_cmd, on
 
 pytestmark = pytest.mark.lab
 NAME = "glm53-full"
 
 
-def home(h):
-    return lab.lab_dir() / "hosts" / h / "home"
 
 
-def on(host, line):
-    root = lab.lab_dir()
-    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
-                          timeout=60)
 
 
 def run(*args, inv):

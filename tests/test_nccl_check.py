@@ -1,7 +1,6 @@
 """nccl-check: the probe's output on the real H200 run, and the orchestration on the lab."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -9,12 +8,11 @@ import time
 
 import pytest
 
-from railyard import lab
 from railyard.lab import faults
 from railyard.lab.checkpoint import write_checkpoint
 from railyard.ncclcheck import parse_probe, summarize
 
-from .conftest import REAL, ROOT, inv_cmd
+from .conftest import REAL, ROOT, home, inv_cmd, on
 
 H200 = REAL / "h200-validation"
 
@@ -47,14 +45,8 @@ def test_probe_errors_are_reported():
     assert parse_probe(text) == ([], ["DistBackendError: x"])
 
 
-def home(h):
-    return lab.lab_dir() / "hosts" / h / "home"
 
 
-def on(host, line):
-    root = lab.lab_dir()
-    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
-                          timeout=60)
 
 
 def no_probe_left():

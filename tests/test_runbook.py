@@ -13,7 +13,7 @@ from railyard import lab
 from railyard.lab import faults
 from railyard.lab.checkpoint import write_checkpoint
 
-from .conftest import ROOT, inv_cmd
+from .conftest import ROOT, home, inv_cmd, on
 
 pytestmark = pytest.mark.lab
 RUNBOOK = ROOT / "docs" / "runbook.md"
@@ -36,14 +36,8 @@ def scenarios():
     return out
 
 
-def on(host, line):
-    root = lab.lab_dir()
-    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
-                          timeout=60)
 
 
-def home(h):
-    return lab.lab_dir() / "hosts" / h / "home"
 
 
 def test_every_runbook_command_block_is_covered():

@@ -10,7 +10,6 @@ every shard; `config.json` carries the fields sync-model checks (`architectures`
 from __future__ import annotations
 
 import json
-import os
 import random
 import struct
 from pathlib import Path

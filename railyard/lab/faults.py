@@ -10,12 +10,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Callable
 
 from ..errors import UsageError
-from . import (SIM_TOOLS, LabError, LabHost, _pid_alive, _read_pid, hosts_of, in_host, lab_dir, lab_host,
+from . import (SIM_TOOLS, LabError, LabHost, _pid_alive, hosts_of, in_host, lab_dir, lab_host,
                restart_sshd, sh, start_sshd, stop_sshd)
 
 SERVE_RAIL = "cx8r1"

@@ -12,7 +12,6 @@ $RAILYARD_LAB_HOST_DIR/state. Standard library only: this runs on the test host.
 import hashlib
 import json
 import shlex
-import signal
 import os
 import socket
 import subprocess
@@ -440,11 +439,7 @@ def docker(args):
                 print(f"Error response from daemon: No such image: {ref}", file=sys.stderr)
             else:
                 docs.append(doc)
-        if fmt is not None:
-            for d in docs:
-                print(_render(fmt, d))
-        else:
-            print(json.dumps(docs, indent=4))
+        _print_docs(docs, fmt)
         return rc
     if args[0] in CONTAINER_COMMANDS:
         err = _daemon_error("containers/json")
@@ -747,7 +742,6 @@ def _argv(cfg):
 
 
 def _shim(name):
-    import resource
     cfg = _load(name)
     log = open(os.path.join(_cdir(name), "log"), "ab", buffering=0)
     limits = _limits(cfg)
@@ -805,12 +799,17 @@ def _inspect_containers(args):
             rc = 1
             continue
         docs.append(c)
+    _print_docs(docs, fmt)
+    return rc
+
+
+def _print_docs(docs, fmt):
+    """`docker inspect` output: a JSON array indented by 4, or one --format line per object."""
     if fmt is not None:
         for d in docs:
             print(_render(fmt, d))
     else:
         print(json.dumps(docs, indent=4))
-    return rc
 
 
 def _fmt_args(args):
@@ -930,7 +929,6 @@ def _exec(args):
     if not c["State"]["Running"]:
         print(f"Error response from daemon: container {c['Id']} is not running", file=sys.stderr)
         return 1
-    import resource
     limits = _limits(c)
 
     def child_setup():
