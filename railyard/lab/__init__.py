@@ -153,7 +153,7 @@ def _read_pid(path: Path) -> int | None:
 def _requirements() -> None:
     if os.geteuid() != 0:
         raise LabError("lab: needs root (network namespaces, bridges and sshd)")
-    missing = [t for t in ("ip", "unshare", "nsenter", "ssh-keygen", "ethtool", "ping", "rsync")
+    missing = [t for t in ("ip", "unshare", "nsenter", "ssh-keygen", "ethtool", "ping", "rsync", "curl", "gcc")
                if shutil.which(t) is None]
     if not Path("/usr/sbin/sshd").exists():
         missing.append("sshd")
@@ -161,7 +161,7 @@ def _requirements() -> None:
         missing.append(SYSTEM_PYTHON)
     if missing:
         raise LabError(f"lab: missing {', '.join(missing)}: apt-get install openssh-server openssh-client "
-                       "rsync iproute2 iputils-ping ethtool util-linux python3 faketime")
+                       "rsync iproute2 iputils-ping ethtool util-linux procps python3 faketime curl gcc libc6-dev")
 
 
 def _link_exists(name: str, ns: str | None = None) -> bool:
