@@ -307,13 +307,11 @@ def health(inventory: str | None = None, json_out: bool = False, watch: float | 
     if watch < 1:
         from .errors import UsageError
         raise UsageError(f"--watch {watch}: at least 1 second")
-    code = 0
-    while True:  # a live view: the screen is redrawn every WATCH seconds until Ctrl-C
+    while True:  # a live view, redrawn every WATCH seconds until Ctrl-C (exit 130)
         if not json_out:
             console().clear()
-        code = _health_once(inv, json_out)
+        _health_once(inv, json_out)
         _time.sleep(watch)
-    return code
 
 
 @entry

@@ -339,7 +339,7 @@ class LaunchReport:
         return self.failure is None
 
 
-def _prechecks(inv: Inventory, runner: Runner, facts: dict[str, RankFacts], files: list[EnvFile]) -> None:
+def _prechecks(inv: Inventory, runner: Runner, files: list[EnvFile]) -> None:
     stale = [f.host for f in files if f.changed]
     if stale:
         raise LaunchError(f"the env files are not current on {', '.join(stale)}: run `inv env` (see `inv env --check`)")
@@ -414,7 +414,7 @@ def _health(s: Session, h: Host) -> tuple[bool, str]:
 
 
 def wait_ready(inv: Inventory, runner: Runner, order: list[Host], started_at: float, timeout: float, console,
-               gate_each: bool, launch_one=None) -> LaunchReport:
+               launch_one=None) -> LaunchReport:
     """Start (via launch_one) and gate each rank in order, then wait for the head to serve."""
     rep = LaunchReport([h.name for h in order])
     name = inv.head.vars["vllm_container"]
@@ -512,7 +512,7 @@ def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool
             if stale:
                 rep.hint = f"note: the env files are not current on {', '.join(stale)} (run `inv env`)"
             return rep
-        _prechecks(inv, runner, facts, files)
+        _prechecks(inv, runner, files)
         existing = {h.name: inspect(runner.session(h), name) for h in order}
         same = all(c.exists and c.running and c.config == config_hash(commands[n]) for n, c in existing.items())
         if same:
@@ -536,7 +536,7 @@ def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool
                 return (r.stderr.strip() or r.stdout.strip()).splitlines()[-1] if (r.stderr or r.stdout) else f"exit {r.rc}"
             return None
 
-        rep = wait_ready(inv, runner, order, time.monotonic(), timeout, console, True, launch_one)
+        rep = wait_ready(inv, runner, order, time.monotonic(), timeout, console, launch_one)
         rep.commands = commands
         if rep.failure and rollback:
             rep.rolled_back = _stop_hosts(inv, runner, [h for h in inv.hosts if h.name in rep.started], remove=True)
@@ -605,7 +605,7 @@ def start(inv: Inventory, rank_order: str | None, timeout: float | None, console
             r = runner.session(h).run(cmd("docker", "start", name), timeout=120)
             return None if r.ok else (r.stderr.strip() or str(r.error))
 
-        return wait_ready(inv, runner, order, time.monotonic(), timeout, console, True, start_one)
+        return wait_ready(inv, runner, order, time.monotonic(), timeout, console, start_one)
 
 
 def status(inv: Inventory) -> list[dict]:

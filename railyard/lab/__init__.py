@@ -119,7 +119,7 @@ class LabHost:
 
 # ---------------------------------------------------------------- helpers
 
-def sh(*argv: str, check: bool = True, input: str | None = None, quiet: bool = False) -> subprocess.CompletedProcess:
+def sh(*argv: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
     """Run a local command (argv, no shell). Raise LabError with its stderr on failure."""
     p = subprocess.run(list(argv), input=input, capture_output=True, text=True)
     if check and p.returncode != 0:
