@@ -78,6 +78,7 @@ class Host:
     key_file: str
     rails: dict[str, Rail]
     vars: dict[str, Any] = field(repr=False)
+    origins: dict[str, tuple[str, str]] = field(repr=False, default_factory=dict)  # var -> (file, key path)
 
     @property
     def is_head(self) -> bool:
@@ -193,18 +194,25 @@ class Layer:
     values: dict[str, Any]
 
 
-def role_defaults(roles_dir: Path = ROLES_DIR) -> Layer:
-    """All roles' defaults, plus the connection defaults, as the lowest layer."""
+def role_layers(roles_dir: Path = ROLES_DIR) -> list[Layer]:
+    """The connection defaults, then each role's defaults file: the lowest layers, in that order."""
     problems: list[Problem] = []
-    values: dict[str, Any] = dict(CONNECTION_DEFAULTS)
     if not roles_dir.is_dir():
         raise UsageError(f"{roles_dir}: roles directory not found (is railyard installed from its checkout?)")
+    layers = [Layer("(connection defaults)", "", dict(CONNECTION_DEFAULTS))]
     for f in sorted(roles_dir.glob("*/defaults/main.yml")):
-        data = _read_yaml(f, problems) or {}
-        values.update(data)
+        layers.append(Layer(str(f), "", _read_yaml(f, problems) or {}))
     if problems:
         raise InventoryError(problems)
-    return Layer(str(roles_dir), "defaults", values)
+    return layers
+
+
+def role_defaults(roles_dir: Path = ROLES_DIR) -> Layer:
+    """Every known variable with its default value, as one layer."""
+    values: dict[str, Any] = {}
+    for layer in role_layers(roles_dir):
+        values.update(layer.values)
+    return Layer(str(roles_dir), "", values)
 
 
 def merge_vars(layers: Iterable[Layer]) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
@@ -251,7 +259,8 @@ def load_inventory(path: str | os.PathLike | None, overrides: Iterable[str] | No
     """Read, merge and validate. Raises InventoryError listing every problem found."""
     inv_path = resolve_path(path)
     problems: list[Problem] = []
-    defaults = role_defaults(roles_dir)
+    base = role_layers(roles_dir)
+    defaults = Layer(str(roles_dir), "", {k: v for layer in base for k, v in layer.values.items()})
     cli = parse_overrides(overrides)
     known = set(defaults.values)
     for k, v in cli.values.items():
@@ -269,7 +278,7 @@ def load_inventory(path: str | os.PathLike | None, overrides: Iterable[str] | No
     tree.walk(data)
     hosts: list[Host] = []
     for name, entry in tree.hosts.items():
-        layers = [defaults]
+        layers = list(base)
         for group in entry.groups:
             layers.extend(tree.group_layers.get(group, []))
         layers.extend(entry.layers)
@@ -552,7 +561,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         return None
     return Host(name=name, rank=rank, address=address or "", port=values["ansible_port"],
                 user=values["ansible_user"], connection=conn, key_file=key_file, rails=rails,
-                vars=values)
+                vars=values, origins=origins)
 
 
 def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: list[Problem]) -> None:
@@ -578,6 +587,13 @@ def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: 
             if h.vars[key] != head.vars[key]:
                 problems.append(Problem(file, where(h, key), h.vars[key],
                                         f"differs from the head {head.name} ({head.vars[key]!r}); must be equal on every host"))
+    tp = head.vars["vllm_tensor_parallel_size"]
+    pp_given = any(str(a).startswith(("--pipeline-parallel-size", "-pp")) for a in head.vars["vllm_extra_args"])
+    if tp != len(hosts) and not pp_given:
+        # one GPU per rank (the one cluster_gpu_name selects): the world is the number of ranks
+        file_, key = _origin_of(head, "vllm_tensor_parallel_size")
+        problems.append(Problem(file_, key, tp, f"must equal the number of ranks ({len(hosts)}): each rank serves "
+                                                f"one GPU (or set --pipeline-parallel-size in vllm_extra_args)"))
     serve = head.vars["cluster_serve_rail"]
     addr_seen: dict[tuple[str, int], str] = {}
     for h in hosts:
@@ -604,6 +620,11 @@ def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: 
             if rail.ipv4.ip in (rail.ipv4.network.network_address, rail.ipv4.network.broadcast_address) \
                     and rail.ipv4.network.prefixlen < 31:
                 problems.append(Problem(file, where(h, f"rails.{rname}.ipv4"), str(rail.ipv4), "is the network or broadcast address"))
+
+
+def _origin_of(h: Host, key: str) -> tuple[str, str]:
+    """Where a host's variable was last set, for a problem line."""
+    return h.origins.get(key, ("(defaults)", key))
 
 
 def _is_ip(s: str) -> bool:

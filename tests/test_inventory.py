@@ -106,6 +106,8 @@ def test_merge_vars_reports_where_a_value_came_from():
     (lambda d: hosts(d)["B"]["rails"]["cx8r1"].update(hca="mlx5 1"), "not an RDMA device name"),
     (lambda d: hosts(d)["B"]["rails"]["cx8r1"].pop("hca"), "hosts.B.rails.cx8r1.hca: missing"),
     (lambda d: d["all"].update(hostz={}), "all.hostz = {}: unknown key in a group"),
+    (lambda d: d["all"]["vars"].update(vllm_tensor_parallel_size=4),
+     "all.vars.vllm_tensor_parallel_size = 4: must equal the number of ranks (2)"),
 ])
 def test_each_problem_is_one_line_with_file_key_value(tmp_path, mutate, expect):
     lines = problems(tmp_path, mutate)

@@ -538,6 +538,7 @@ def _write_inventory(root: Path, hosts: list[LabHost]) -> Path:
                 # veth links report 10000Mb/s; real ConnectX-8 rails report 400000
                 "preflight_link_speed_mbps": 10000,
                 "preflight_disk_margin_gb": 1,
+                "vllm_tensor_parallel_size": len(hosts),  # one GPU per lab host
             },
             "children": {
                 "lab": {
