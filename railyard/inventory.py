@@ -587,13 +587,6 @@ def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: 
             if h.vars[key] != head.vars[key]:
                 problems.append(Problem(file, where(h, key), h.vars[key],
                                         f"differs from the head {head.name} ({head.vars[key]!r}); must be equal on every host"))
-    tp = head.vars["vllm_tensor_parallel_size"]
-    pp_given = any(str(a).startswith(("--pipeline-parallel-size", "-pp")) for a in head.vars["vllm_extra_args"])
-    if tp != len(hosts) and not pp_given:
-        # one GPU per rank (the one cluster_gpu_name selects): the world is the number of ranks
-        file_, key = _origin_of(head, "vllm_tensor_parallel_size")
-        problems.append(Problem(file_, key, tp, f"must equal the number of ranks ({len(hosts)}): each rank serves "
-                                                f"one GPU (or set --pipeline-parallel-size in vllm_extra_args)"))
     serve = head.vars["cluster_serve_rail"]
     addr_seen: dict[tuple[str, int], str] = {}
     for h in hosts:
@@ -620,6 +613,19 @@ def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: 
             if rail.ipv4.ip in (rail.ipv4.network.network_address, rail.ipv4.network.broadcast_address) \
                     and rail.ipv4.network.prefixlen < 31:
                 problems.append(Problem(file, where(h, f"rails.{rname}.ipv4"), str(rail.ipv4), "is the network or broadcast address"))
+
+
+def check_parallelism(inv: Inventory) -> None:
+    """Each rank serves the one GPU cluster_gpu_name selects: the TP size must be the number of ranks
+    (unless vllm_extra_args sets a pipeline-parallel size). Checked before launch touches a host."""
+    head = inv.head
+    tp = head.vars["vllm_tensor_parallel_size"]
+    pp_given = any(str(a).startswith(("--pipeline-parallel-size", "-pp")) for a in head.vars["vllm_extra_args"])
+    if tp != len(inv.hosts) and not pp_given:
+        file_, key = _origin_of(head, "vllm_tensor_parallel_size")
+        raise InventoryError([Problem(file_, key, tp, f"must equal the number of ranks ({len(inv.hosts)}): each "
+                                                      "rank serves one GPU (or set --pipeline-parallel-size in "
+                                                      "vllm_extra_args)")])
 
 
 def _origin_of(h: Host, key: str) -> tuple[str, str]:

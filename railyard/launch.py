@@ -26,7 +26,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from . import facts as F
 from .errors import RailyardError, UsageError
-from .inventory import ROLES_DIR, Host, Inventory
+from .inventory import ROLES_DIR, Host, Inventory, check_parallelism
 from .preflight import gids_section, gpus_section
 from .probe import Section, joined_script, new_token, split_output
 from .runner import Runner
@@ -501,6 +501,7 @@ def wait_ready(inv: Inventory, runner: Runner, order: list[Host], started_at: fl
 def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool, timeout: float | None,
            rollback: bool, console) -> LaunchReport:
     order = inv.ordered(rank_order)
+    check_parallelism(inv)
     name = inv.head.vars["vllm_container"]
     timeout = float(timeout or inv.head.vars["vllm_start_timeout_s"])
     with Runner(inv.hosts) as runner:

@@ -106,14 +106,22 @@ def test_merge_vars_reports_where_a_value_came_from():
     (lambda d: hosts(d)["B"]["rails"]["cx8r1"].update(hca="mlx5 1"), "not an RDMA device name"),
     (lambda d: hosts(d)["B"]["rails"]["cx8r1"].pop("hca"), "hosts.B.rails.cx8r1.hca: missing"),
     (lambda d: d["all"].update(hostz={}), "all.hostz = {}: unknown key in a group"),
-    (lambda d: d["all"]["vars"].update(vllm_tensor_parallel_size=4),
-     "all.vars.vllm_tensor_parallel_size = 4: must equal the number of ranks (2)"),
 ])
 def test_each_problem_is_one_line_with_file_key_value(tmp_path, mutate, expect):
     lines = problems(tmp_path, mutate)
     assert any(expect in line for line in lines), lines
     assert all(line.startswith(str(tmp_path / "inv.yml")) for line in lines)
     assert all("\n" not in line for line in lines)
+
+
+def test_launch_refuses_a_tp_size_other_than_the_ranks_before_ssh(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["all"]["vars"]["vllm_tensor_parallel_size"] = 4
+    p = write(tmp_path, data)
+    r = inv_cmd("launch", "--inventory", str(p), "--dry-run")  # hosts at 10.20.0.x are never contacted
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "all.vars.vllm_tensor_parallel_size = 4: must equal the number of ranks (2)" in r.stderr
+    load_inventory(p)  # preflight of such an inventory is still fine
 
 
 def test_unknown_override_and_bad_yaml(tmp_path):
