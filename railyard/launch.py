@@ -103,13 +103,9 @@ def gather_facts(runner: Runner, hosts: list[Host]) -> dict[str, RankFacts]:
     return out
 
 
-def _model_host(h: Host, home: str) -> str:
-    p = h.vars["model_path"]
-    return home.rstrip("/") + p[1:] if p.startswith("~/") else p
-
-
-def _file_on_host(path: str, home: str) -> str:
-    return home.rstrip("/") + path[1:] if path.startswith("~/") else path
+def on_host(path: str, home: str | None) -> str:
+    """A `~/...` path of the inventory as the absolute path on a host whose $HOME is home."""
+    return (home or "~").rstrip("/") + path[1:] if path.startswith("~/") else path
 
 
 # ---------------------------------------------------------------- env
@@ -125,7 +121,7 @@ def env_values(inv: Inventory, f: RankFacts) -> dict:
         "node_ip": h.serve_rail.ip, "peer_ip": peers[0] if len(peers) == 1 else None,
         "rail_iface": h.serve_rail.name, "rail_hca": h.serve_rail.hca, "gpu_uuid": f.gpu_uuid,
         "gid_index": f.gid_index, "image": v["vllm_image"], "model_repo": v["model_repo"],
-        "model_revision": v["model_revision"], "model_host": _model_host(h, f.home or "~"),
+        "model_revision": v["model_revision"], "model_host": on_host(v["model_path"], f.home),
         "container": v["vllm_container"], "port": v["vllm_port"], "master_port": v["vllm_master_port"],
         "bind": v["vllm_bind"],
     }
@@ -241,7 +237,7 @@ def container_context(inv: Inventory, f: RankFacts, drop_env: tuple[str, ...] = 
     environment = {k: tpl.format(**vals) for k, tpl in NCCL_ENV if k not in drop_env}
     environment.update({k: str(v) for k, v in h.vars["vllm_extra_env"].items()})
     return dict(vals, environment=environment, is_head=h.is_head, shm_size=h.vars["vllm_shm_size"],
-                api_key_file=_file_on_host(h.vars["vllm_api_key_file"], f.home or "~"))
+                api_key_file=on_host(h.vars["vllm_api_key_file"], f.home))
 
 
 def render_command(template: str, ctx: dict) -> str:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .errors import UsageError
 from .inventory import Inventory
-from .launch import LaunchError, RankFacts, container_context, gather_facts, inspect, render_command, _write_remote
+from .launch import (LaunchError, RankFacts, _write_remote, container_context, gather_facts, inspect, on_host,
+                     render_command)
 from .nccl import RankVerdict, judge
 from .runner import Runner
 from .transport import cmd
@@ -101,7 +102,7 @@ def nccl_check(inv: Inventory, sizes: str | None, timeout: float | None, console
             for h in inv.ordered(None):  # workers first, as launch does; the head hosts the rendezvous
                 f: RankFacts = facts[h.name]
                 ctx = container_context(inv, f, drop_env=("NCCL_DEBUG_FILE",))
-                ctx.update(probe_container=PROBE_CONTAINER, probe_path=_home_path(f), sizes=sizes,
+                ctx.update(probe_container=PROBE_CONTAINER, probe_path=on_host(PROBE_REMOTE, f.home), sizes=sizes,
                            probe_port=int(h.vars["vllm_master_port"]) + 10, timeout=int(timeout))
                 r = runner.session(h).run(render_command("nccl-check-run.j2", ctx), timeout=120)
                 if not r.ok:
@@ -143,10 +144,6 @@ def nccl_check(inv: Inventory, sizes: str | None, timeout: float | None, console
           and fraction is not None and fraction >= threshold)
     rep = CheckReport(ok, verdicts, table, fraction, threshold, link, errors, removed)
     return rep
-
-
-def _home_path(f: RankFacts) -> str:
-    return (f.home or "~").rstrip("/") + PROBE_REMOTE[1:]
 
 
 def parse_sizes(text: str) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import UsageError
 from .inventory import Host, Inventory
-from .launch import NCCL_ENV, _uptime, gpu_usage, inspect
+from .launch import NCCL_ENV, _uptime, gather_facts, gpu_usage, inspect
 from .nccl import RankVerdict, judge
 from .runner import Runner
 from .transport import RemotePath, Session, cmd, q
@@ -211,7 +211,6 @@ def summarize_metrics(m: dict) -> dict:
 def health(inv: Inventory) -> tuple[list[RankHealth], list[Probe], dict]:
     name = inv.head.vars["vllm_container"]
     served = inv.head.vars["model_repo"]
-    from .launch import gather_facts
     with Runner(inv.hosts) as runner:
         facts = gather_facts(runner, inv.hosts)
 

@@ -65,6 +65,12 @@ def on(host: str, *argv: str) -> subprocess.CompletedProcess:
                           timeout=60)
 
 
+def remove_containers(*names: str, hosts=("A", "B")) -> None:
+    """Remove these containers (if any) from the lab hosts."""
+    for h in hosts:
+        on(h, "docker rm -f " + " ".join(names) + " >/dev/null 2>&1; true")
+
+
 def home(host: str) -> Path:
     """A lab host's home directory (its /root), seen from this machine."""
     from railyard import lab

@@ -11,7 +11,7 @@ from railyard.lab import faults
 from railyard.lab.checkpoint import write_checkpoint
 from railyard.launch import LaunchError, launch, start, status, stop
 
-from .conftest import home, inv_cmd, on
+from .conftest import home, inv_cmd, on, remove_containers
 
 pytestmark = pytest.mark.lab
 NAME = "glm53-full"
@@ -21,17 +21,12 @@ NAME = "glm53-full"
 
 
 
-def remove_containers():
-    for h in ("A", "B"):
-        on(h, f"docker rm -f {NAME} >/dev/null 2>&1; true")
-
-
 @pytest.fixture(scope="module")
 def stations(lab_inventory):
     for h in ("A", "B"):
         write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
     yield lab_inventory
-    remove_containers()
+    remove_containers(NAME)
     for h in ("A", "B"):
         shutil.rmtree(home(h) / "models", ignore_errors=True)
         (home(h) / "glm53.env").unlink(missing_ok=True)
@@ -39,12 +34,12 @@ def stations(lab_inventory):
 
 @pytest.fixture
 def clean(stations):
-    remove_containers()
+    remove_containers(NAME)
     faults.heal()
     assert inv_cmd("env", "-i", str(stations)).returncode == 0
     yield stations
     faults.heal()
-    remove_containers()
+    remove_containers(NAME)
 
 
 def inv(path, *overrides):

@@ -10,7 +10,7 @@ import pytest
 from railyard.lab import faults
 from railyard.lab.checkpoint import write_checkpoint
 
-from .conftest import home, inv_cmd, on
+from .conftest import home, inv_cmd, on, remove_containers
 
 pytestmark = pytest.mark.lab
 NAME = "glm53-full"
@@ -27,14 +27,14 @@ def run(*args, inv):
 @pytest.fixture
 def served(lab_inventory):
     faults.heal()
+    remove_containers(NAME)
     for h in ("A", "B"):
-        on(h, f"docker rm -f {NAME} >/dev/null 2>&1; true")
         write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
     assert run("env", inv=lab_inventory).returncode == 0
     yield lab_inventory
     faults.heal()
+    remove_containers(NAME)
     for h in ("A", "B"):
-        on(h, f"docker rm -f {NAME} >/dev/null 2>&1; true")
         shutil.rmtree(home(h) / "models", ignore_errors=True)
 
 

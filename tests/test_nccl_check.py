@@ -12,7 +12,7 @@ from railyard.lab import faults
 from railyard.lab.checkpoint import write_checkpoint
 from railyard.ncclcheck import parse_probe, summarize
 
-from .conftest import REAL, ROOT, home, inv_cmd, on
+from .conftest import REAL, ROOT, home, inv_cmd, on, remove_containers
 
 H200 = REAL / "h200-validation"
 
@@ -56,13 +56,12 @@ def no_probe_left():
 @pytest.fixture
 def ranks(lab_inventory):
     faults.heal()
+    remove_containers("glm53-full", "railyard-nccl-check")
     for h in ("A", "B"):
-        on(h, "docker rm -f glm53-full railyard-nccl-check >/dev/null 2>&1; true")
         write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
     yield lab_inventory
     faults.heal()
-    for h in ("A", "B"):
-        on(h, "docker rm -f railyard-nccl-check >/dev/null 2>&1; true")
+    remove_containers("railyard-nccl-check")
 
 
 @pytest.mark.lab

@@ -13,7 +13,7 @@ from railyard import lab
 from railyard.lab import faults
 from railyard.lab.checkpoint import write_checkpoint
 
-from .conftest import ROOT, home, inv_cmd, on
+from .conftest import ROOT, home, inv_cmd, on, remove_containers
 
 pytestmark = pytest.mark.lab
 RUNBOOK = ROOT / "docs" / "runbook.md"
@@ -53,15 +53,15 @@ def test_every_runbook_command_block_is_covered():
 def runbook_lab(lab_inventory):
     yield lab_inventory
     faults.heal()
+    remove_containers(NAME)
     for h in ("A", "B"):
-        on(h, f"docker rm -f {NAME} >/dev/null 2>&1; true")
         shutil.rmtree(home(h) / "models", ignore_errors=True)
 
 
 def _fresh(inv_path):
     faults.heal()
+    remove_containers(NAME)
     for h in ("A", "B"):
-        on(h, f"docker rm -f {NAME} >/dev/null 2>&1; true")
         shutil.rmtree(home(h) / "models", ignore_errors=True)
         (home(h) / "glm53.env").unlink(missing_ok=True)
     write_checkpoint(home("A") / "models" / "GLM-5.3-NVFP4", 0.002, 2)
