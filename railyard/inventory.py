@@ -28,7 +28,7 @@ import yaml
 from .errors import MISSING, InventoryError, Problem, UsageError
 
 ENV_INVENTORY = "RAILYARD_INVENTORY"
-ROLES_DIR = Path(__file__).resolve().parent.parent / "roles"
+ROLES_DIR = Path(__file__).resolve().parent / "roles"
 
 # Connection variables in Ansible's spelling, settable at any level.
 CONNECTION_DEFAULTS: dict[str, Any] = {

@@ -22,7 +22,7 @@ from .nccl import RankVerdict, judge
 from .runner import Runner
 from .transport import cmd
 
-PROBE = Path(__file__).resolve().parent.parent / "scripts" / "nccl_probe.py"
+PROBE = Path(__file__).resolve().parent / "scripts" / "nccl_probe.py"
 PROBE_CONTAINER = "railyard-nccl-check"
 PROBE_REMOTE = "~/.cache/railyard/nccl_probe.py"
 

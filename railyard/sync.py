@@ -28,7 +28,7 @@ from .probe import joined_script, new_token, split_output
 from .runner import Runner
 from .transport import RemotePath, Session, Sh, cmd, q, quote_text
 
-MANIFEST_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "manifest.py"
+MANIFEST_SCRIPT = Path(__file__).resolve().parent / "scripts" / "manifest.py"
 EXCLUDE = ".cache/"
 
 
