@@ -167,3 +167,29 @@ def lab_ssh(c, host):
 lab = Collection("lab", lab_up, lab_down, lab_fault, lab_heal, lab_checkpoint, lab_ssh)
 ns = Collection(preflight, trust_hosts, sync_model, env, launch, start, stop, status, logs, verify_rdma, health,
                 nccl_check, lab)
+
+
+# ---------------------------------------------------------------- plan
+# Defined after `ns` and added to it here, so this section stays append-only.
+
+@task(help={"inventory": INVENTORY, "json": JSON, "set": SET,
+            "model": "checkpoint directory on this machine (default: model_path on the head, read over SSH)",
+            "gpu-memory-gib": "memory per GPU in GiB, e.g. for a host not bought yet (default: the head's nvidia-smi)",
+            "gpus": "GPUs on the host (default: the head's GPUs matching cluster_gpu_name)",
+            "context": "tokens per request for the concurrency column (default: max_position_embeddings)",
+            "gpu-memory-utilization": "vLLM's --gpu-memory-utilization (default 0.9, vLLM's default)",
+            "kv-cache-dtype": "vLLM's --kv-cache-dtype: auto (the model dtype), bfloat16, float16, fp8 ... (default auto)",
+            "reserve-gib": "per GPU: peak activation + CUDA graphs + non-torch memory vLLM keeps out of the KV "
+                           "cache (default 8)",
+            "block-size": "KV block size (default: 64 for MLA, 16 otherwise)",
+            "mtp": "count the MTP layers' weights and KV (as with --speculative-config method=mtp)"},
+      iterable=["set_"])
+def plan(c, inventory=None, model=None, gpu_memory_gib=None, gpus=None, context=None, json=False,
+         gpu_memory_utilization=None, kv_cache_dtype=None, reserve_gib=None, block_size=None, mtp=False, set_=None):
+    """KV cache per GPU and per node under TP=N against DP attention + EP, from the checkpoint's own headers."""
+    cli.plan(inventory, model, _num(gpu_memory_gib, "--gpu-memory-gib"), _int(gpus, "--gpus"),
+             _int(context, "--context"), json, _num(gpu_memory_utilization, "--gpu-memory-utilization"),
+             kv_cache_dtype, _num(reserve_gib, "--reserve-gib"), _int(block_size, "--block-size"), mtp, set_)
+
+
+ns.add_task(plan)

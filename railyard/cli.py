@@ -425,3 +425,30 @@ def remainder(argv: list[str] | None = None) -> list[str]:
     """The words after `--` on the command line (invoke keeps them away from tasks)."""
     argv = sys.argv if argv is None else argv
     return argv[argv.index("--") + 1:] if "--" in argv else []
+
+
+# ---------------------------------------------------------------- plan
+
+@entry
+def plan(inventory: str | None = None, model: str | None = None, gpu_memory_gib: float | None = None,
+         gpus: int | None = None, context: int | None = None, json_out: bool = False,
+         gpu_memory_utilization: float | None = None, kv_cache_dtype: str | None = None,
+         reserve_gib: float | None = None, block_size: int | None = None, mtp: bool = False,
+         overrides=None) -> int:
+    import json as _json
+    from .capacity import Assumptions, gather, parse_checkpoint, plan_capacity, plan_json
+    from .plan_view import print_plan
+    a = Assumptions(mtp=mtp, context=context, block_size=block_size)
+    if gpu_memory_utilization is not None:
+        a.gpu_memory_utilization = gpu_memory_utilization
+    if kv_cache_dtype is not None:
+        a.kv_cache_dtype = kv_cache_dtype
+    if reserve_gib is not None:
+        a.reserve_gib = reserve_gib
+    doc, found = gather(lambda: _inventory(inventory, overrides), model, gpu_memory_gib, gpus)
+    result = plan_capacity(parse_checkpoint(doc), found, a)
+    if json_out:
+        print(_json.dumps(plan_json(result), indent=2))
+    else:
+        print_plan(result, console())
+    return 0
