@@ -331,6 +331,7 @@ class Assumptions:
     gpu_memory_utilization: float = 0.9   # vLLM's default (--gpu-memory-utilization)
     kv_cache_dtype: str = "auto"          # vLLM's default: the model dtype
     reserve_gib: float = 8.0              # per GPU: peak activation + CUDA graphs + non-torch memory
+    dp_reserve_gib: float | None = None   # the same for each dp_ep rank; None: reserve_gib
     block_size: int | None = None         # None: 64 for MLA (FlashMLA), 16 otherwise (vLLM defaults)
     context: int | None = None            # None: max_position_embeddings
     mtp: bool = False                     # MTP speculative decoding (--speculative-config method=mtp)
@@ -369,7 +370,8 @@ def _layout(name: str, spec: ModelSpec, w: WeightBytes, fmt: KvFormat, gpus: Gpu
     tp, dp, ep = (n, 1, 1) if name == "single_node_tp" else (1, n, n)
     weights = weights_per_gpu(w, spec, tp, ep)
     per_token = kv_bytes_per_token(spec, fmt, tp)
-    budget = gpus.memory_gib * GIB * a.gpu_memory_utilization - weights - a.reserve_gib * GIB
+    reserve = a.reserve_gib if name == "single_node_tp" or a.dp_reserve_gib is None else a.dp_reserve_gib
+    budget = gpus.memory_gib * GIB * a.gpu_memory_utilization - weights - reserve * GIB
     blocks = max(0, int(budget // (per_token * block)))
     tokens = blocks * block
     per_request = math.ceil(context / block)
@@ -393,8 +395,8 @@ def plan_capacity(ckpt: Checkpoint, gpus: Gpus, a: Assumptions) -> Plan:
         raise UsageError(f"--gpus {gpus.count} --gpu-memory-gib {gpus.memory_gib:g}: both must be positive")
     if not 0 < a.gpu_memory_utilization <= 1:
         raise UsageError(f"--gpu-memory-utilization {a.gpu_memory_utilization:g}: must be in (0, 1]")
-    if a.reserve_gib < 0:
-        raise UsageError(f"--reserve-gib {a.reserve_gib:g}: must not be negative")
+    if a.reserve_gib < 0 or (a.dp_reserve_gib or 0) < 0:
+        raise UsageError(f"--reserve-gib {a.reserve_gib:g} --dp-reserve-gib {a.dp_reserve_gib}: must not be negative")
     spec = model_spec(ckpt.config, f"{ckpt.dir}/config.json")
     block = a.block_size or (64 if spec.attention == "mla" else 16)
     context = a.context or spec.max_context or 32768
@@ -414,6 +416,7 @@ def plan_capacity(ckpt: Checkpoint, gpus: Gpus, a: Assumptions) -> Plan:
     assumptions = {
         "gpu": gpus.name, "gpus": gpus.count, "gpu_memory_gib": round(gpus.memory_gib, 2), "gpu_source": gpus.source,
         "gpu_memory_utilization": a.gpu_memory_utilization, "reserve_gib_per_gpu": a.reserve_gib,
+        "dp_reserve_gib_per_gpu": a.reserve_gib if a.dp_reserve_gib is None else a.dp_reserve_gib,
         "kv_cache_dtype": a.kv_cache_dtype, "kv_cache_dtype_resolved": fmt.cache_dtype,
         "kv_cache_dtype_note": kv_note, "model_caveat": spec.caveat, "block_size": block, "context": context,
         "context_source": context_source, "mtp": a.mtp,

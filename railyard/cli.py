@@ -434,11 +434,11 @@ def plan(inventory: str | None = None, model: str | None = None, gpu_memory_gib:
          gpus: int | None = None, context: int | None = None, json_out: bool = False,
          gpu_memory_utilization: float | None = None, kv_cache_dtype: str | None = None,
          reserve_gib: float | None = None, block_size: int | None = None, mtp: bool = False,
-         overrides=None) -> int:
+         dp_reserve_gib: float | None = None, overrides=None) -> int:
     import json as _json
     from .capacity import Assumptions, gather, parse_checkpoint, plan_capacity, plan_json
     from .plan_view import print_plan
-    a = Assumptions(mtp=mtp, context=context, block_size=block_size)
+    a = Assumptions(mtp=mtp, context=context, block_size=block_size, dp_reserve_gib=dp_reserve_gib)
     if gpu_memory_utilization is not None:
         a.gpu_memory_utilization = gpu_memory_utilization
     if kv_cache_dtype is not None:

@@ -48,8 +48,11 @@ def assumption_lines(plan: Plan) -> list[str]:
            if s.mtp_layers else ""),
         f"GPUs: {a['gpu_source']}",
         f"KV budget per GPU = {a['gpu_memory_gib']:.2f} GiB x gpu_memory_utilization {a['gpu_memory_utilization']:g} "
-        f"- weights/GPU - reserve {a['reserve_gib_per_gpu']:g} GiB (peak activation, CUDA graphs, non-torch; "
-        "vLLM's gpu_worker profiling; --reserve-gib)",
+        f"- weights/GPU - reserve {a['reserve_gib_per_gpu']:g} GiB"
+        + (f" (dp_ep ranks: {a['dp_reserve_gib_per_gpu']:g} GiB)" if a["dp_reserve_gib_per_gpu"] != a["reserve_gib_per_gpu"]
+           else "")
+        + " (peak activation, CUDA graphs, non-torch memory, as vLLM's gpu_worker profiles them; "
+        "--reserve-gib, --dp-reserve-gib)",
         f"kv_cache_dtype {a['kv_cache_dtype']} -> {a['kv_cache_dtype_resolved']} "
         f"({a['kv_attention_bytes_per_token_layer']} B per token and layer at TP=1); block size {a['block_size']}",
         f"context {a['context']:,} ({a['context_source']}): requests = whole requests that fit at once, per engine, "

@@ -439,3 +439,16 @@ def test_sliding_window_layers_are_named_as_not_modelled():
     qwen2 = C.model_spec({"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
                           "sliding_window": 131072, "use_sliding_window": False})
     assert qwen2.caveat == ""
+
+
+def test_real_h200_nvidia_smi_row():
+    text = (ROOT / "tests/fixtures/real/plan-h200/query-gpu-name-memory-csv-noheader-nounits.txt").read_text()
+    gpus = C.parse_gpu_memory(text, "H200", "h200")
+    assert (gpus.name, gpus.count, gpus.memory_gib * 1024) == ("NVIDIA H200", 1, 143771)
+
+
+def test_a_larger_reserve_on_the_dp_ranks_only_moves_dp_ep(glm):
+    base, dp15 = plan(glm), plan(glm, dp_reserve_gib=15)
+    assert by_layout(dp15)["single_node_tp"] == by_layout(base)["single_node_tp"]
+    assert by_layout(dp15)["dp_ep"].kv_tokens_per_node < by_layout(base)["dp_ep"].kv_tokens_per_node
+    assert dp15.assumptions["dp_reserve_gib_per_gpu"] == 15 and dp15.assumptions["reserve_gib_per_gpu"] == 8
