@@ -69,13 +69,20 @@ TIMEOUT = "seconds to wait for `Application startup complete` and /health (defau
             "timeout": TIMEOUT, "rollback": "on failure, stop and remove what this launch started", "set": SET},
       iterable=["set_"])
 def launch(c, inventory=None, rank_order=None, dry_run=False, recreate=False, timeout=None, rollback=False, set_=None):
-    """Start the multi-node vLLM containers in rank order, gated, until the head serves /health."""
+    """Start the layout's services stage by stage, gated, until its endpoint serves /health."""
     cli.launch(inventory, rank_order, dry_run, recreate, _num(timeout, "--timeout"), rollback, set_)
+
+
+@task(name="launch-script", help={"inventory": INVENTORY, "out": "write DIR/launch_server.sh (created if missing)",
+                                  "set": SET}, iterable=["set_"])
+def launch_script(c, inventory=None, out=None, set_=None):
+    """Write a self-contained launch_server.sh for a one-host layout (reads PORT and MODEL_PATH); no SSH."""
+    cli.launch_script(inventory, out, set_)
 
 
 @task(help={"inventory": INVENTORY, "set": SET}, iterable=["set_"])
 def stop(c, inventory=None, set_=None):
-    """Stop the head, then the workers (docker stop --timeout 60); confirm they exited and the GPUs are free."""
+    """Stop the services in reverse start order (the head first; docker stop --timeout 60); confirm the GPUs are free."""
     cli.stop(inventory, set_)
 
 
@@ -87,14 +94,14 @@ def start(c, inventory=None, rank_order=None, timeout=None, set_=None):
 
 @task(help={"inventory": INVENTORY, "json": JSON, "set": SET}, iterable=["set_"])
 def status(c, inventory=None, json=False, set_=None):
-    """Per rank: container state, uptime, image digest, GPU memory used."""
+    """Per service: container state, uptime, image digest, GPU memory used."""
     cli.status(inventory, json, set_)
 
 
-@task(help={"inventory": INVENTORY, "rank": "host name (B) or rank number (1)", "follow": "keep following",
+@task(help={"inventory": INVENTORY, "rank": "host name (B), rank number (1) or service name", "follow": "keep following",
             "lines": "only the last N lines", "set": SET}, iterable=["set_"])
 def logs(c, inventory=None, rank=None, follow=False, lines=None, set_=None):
-    """Show one rank's container log."""
+    """Show one service's container log (a one-host layout needs no --rank)."""
     cli.logs(inventory, rank, follow, _int(lines, "--lines"), set_)
 
 

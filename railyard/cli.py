@@ -121,25 +121,22 @@ def sync_model(inventory: str | None = None, source: str | None = None, to: str 
 
 @entry
 def env(inventory: str | None = None, check: bool = False, overrides=None) -> int:
-    from .launch import apply_env, plan_env, write_local
-    from .runner import Runner
+    from .launch import env as run
     inv = _inventory(inventory, overrides)
     con = console()
-    with Runner(inv.hosts) as runner:
-        _, files = plan_env(inv, runner)
-        local = write_local(files)
-        for f in files:
-            if f.changed:
-                con.print(f.diff(), highlight=False, markup=False, end="")
-            else:
-                con.print(f"{f.host}: {f.path} is current", style="green")
-        if check:
-            changed = [f.host for f in files if f.changed]
-            con.print(f"--check: {len(changed)} file(s) would change ({', '.join(changed) or 'none'}); nothing written "
-                      "to the hosts", style="bold")
-            return 1 if changed else 0
-        written = apply_env(runner, files)
-    con.print(f"rendered {len(files)} env file(s) into {local[0].parent}/; written on: {', '.join(written) or 'none (all current)'}")
+    files, written = run(inv, check)
+    for f in files:
+        if f.changed:
+            con.print(f.diff(), highlight=False, markup=False, end="")
+        else:
+            con.print(f"{f.host}: {f.path} is current", style="green")
+    if check:
+        changed = [f.host for f in files if f.changed]
+        con.print(f"--check: {len(changed)} file(s) would change ({', '.join(changed) or 'none'}); nothing written "
+                  "to the hosts", style="bold")
+        return 1 if changed else 0
+    con.print(f"rendered {len(files)} env file(s) into {files[0].local.parent}/; written on: "
+              f"{', '.join(written) or 'none (all current)'}")
     return 0
 
 
@@ -171,9 +168,10 @@ def launch(inventory: str | None = None, rank_order: str | None = None, dry_run:
     con = console()
     rep = run(inv, rank_order, dry_run, recreate, timeout, rollback, con)
     if dry_run:
-        for host in rep.order:
-            con.print(f"# {host} (rank {inv.host(host).rank})", style="bold")
-            con.print(rep.commands[host], highlight=False, markup=False, soft_wrap=True)
+        from .ops.launch import describe
+        for svc in rep.plan.services():
+            con.print(f"# {describe(svc)}", style="bold")
+            con.print(rep.commands[svc.name], highlight=False, markup=False, soft_wrap=True)
         if rep.hint:
             con.print(rep.hint, style="yellow")
         con.print("dry run: nothing was changed", style="bold")
@@ -198,7 +196,7 @@ def stop(inventory: str | None = None, overrides=None) -> int:
     res = run(inv)
     for r in res:
         ok = r.status in ("exited", "missing") and r.gpu_free
-        con.print(f"{r.host}: {r.detail}", style="green" if ok else "bold red")
+        con.print(f"{r.host} ({r.service}): {r.detail}", style="green" if ok else "bold red")
     return 0 if all(r.status in ("exited", "missing") and r.gpu_free for r in res) else 1
 
 
@@ -213,11 +211,13 @@ def status(inventory: str | None = None, json_out: bool = False, overrides=None)
         print(_json.dumps({"ok": all(r.get("running") for r in rows), "ranks": rows}, indent=2))
     else:
         t = Table(title="status", title_justify="left")
-        for c in ("rank", "host", "container", "state", "uptime", "image", "GPU memory"):
+        for c in ("rank", "host", "service", "container", "state", "uptime", "image", "GPU memory"):
             t.add_column(c, overflow="fold")
         for r in rows:
             mem = r.get("gpu_memory")
-            t.add_row(str(r["rank"]), r["host"], r.get("container", ""), r["state"],
+            t.add_row("-" if r["rank"] is None else str(r["rank"]), r["host"], r["service"], r.get("container", ""),
+                      r["state"] + ("" if r.get("config_current", True) or not r.get("running") else
+                                    " (another configuration: launch --recreate)"),
                       f"{r['uptime_s']:.0f} s" if r.get("uptime_s") is not None else "-",
                       ("pinned digest" if r.get("pinned_digest_ok") else "NOT the pinned digest") if r.get("image_id") else "-",
                       f"{mem['used_mib']} / {mem['total_mib']} MiB" if mem else "-")
@@ -234,13 +234,34 @@ def logs(inventory: str | None = None, rank: str | None = None, follow: bool = F
 
 
 @entry
+def launch_script(inventory: str | None = None, out: str | None = None, overrides=None) -> int:
+    from .errors import UsageError
+    from .launch import launch_script as run
+    if not out:
+        raise UsageError("--out DIR: where to write launch_server.sh")
+    path = run(_inventory(inventory, overrides), out)
+    console().print(f"wrote {path}: run it with PORT and MODEL_PATH set (e.g. PORT=8000 MODEL_PATH=/models/m {path})")
+    return 0
+
+
+@entry
 def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, json_out: bool = False,
                 overrides=None) -> int:
     import json as _json
     from rich.table import Table
     from rich.text import Text
     from .verify import judge_files, verify_rdma as run
-    results = judge_files(list(logs)) if logs else run(_inventory(inventory, overrides))
+    if logs:
+        results = judge_files(list(logs))
+    else:
+        plan, results = run(_inventory(inventory, overrides))
+        if not results:  # a one-host layout: no rail carries NCCL traffic
+            msg = f"SKIP: layout {plan.layout} runs on one host; NCCL stays inside it, no rail to verify"
+            if json_out:
+                print(_json.dumps({"ok": True, "skipped": msg, "ranks": []}, indent=2))
+            else:
+                console().print(Text(msg, style="yellow"))
+            return 0
     ok = bool(results) and all(r.verdict == "pass" for r in results)
     if json_out:
         print(_json.dumps({"ok": ok, "ranks": [r.as_dict() for r in results]}, indent=2))
@@ -266,7 +287,7 @@ def _health_once(inv, json_out: bool) -> int:
     from rich.table import Table
     from rich.text import Text
     from .verify import health as run
-    ranks, probes, metrics = run(inv)
+    plan, ranks, probes, metrics = run(inv)
     ok = all(r.ok for r in ranks) and all(p.ok for p in probes)
     if json_out:
         print(_json.dumps({"ok": ok, "ranks": [asdict(r) for r in ranks], "probes": [asdict(p) for p in probes],
@@ -274,14 +295,14 @@ def _health_once(inv, json_out: bool) -> int:
         return 0 if ok else 1
     con = console()
     t = Table(title="health: ranks", title_justify="left")
-    for c in ("rank", "host", "container", "uptime", "GPU memory", "serving process", "problems"):
+    for c in ("rank", "host", "service", "container", "uptime", "GPU memory", "serving process", "problems"):
         t.add_column(c, overflow="fold")
     for r in ranks:
-        t.add_row(str(r.rank), r.host, r.state, f"{r.uptime_s:.0f} s" if r.uptime_s is not None else "-",
+        t.add_row("-" if r.rank is None else str(r.rank), r.host, r.service, r.state, f"{r.uptime_s:.0f} s" if r.uptime_s is not None else "-",
                   f"{r.gpu_used_mib} MiB" if r.gpu_used_mib is not None else "-", r.serving_process or "-",
                   Text("; ".join(r.reasons), style="bold red") if r.reasons else Text("ok", style="green"))
     con.print(t)
-    p = Table(title=f"health: API on {inv.head.name}", title_justify="left")
+    p = Table(title=f"health: API on {plan.endpoint.host} ({plan.endpoint.service})", title_justify="left")
     for c in ("probe", "result", "detail", "latency"):
         p.add_column(c, overflow="fold")
     for pr in probes:
@@ -294,6 +315,10 @@ def _health_once(inv, json_out: bool) -> int:
                   f"{fmt(metrics['kv_cache_usage'], True)}, prefix-cache hit rate "
                   f"{fmt(metrics['prefix_cache_hit_rate'], True)}, speculative acceptance "
                   f"{fmt(metrics['spec_acceptance'], True)}")
+    kv = metrics.get("kv_per_rank")
+    if kv and kv["per_rank"]:
+        con.print("KV tokens per DP rank: " + ", ".join(f"{r}: {n:,}" for r, n in kv["per_rank"].items()) +
+                  f" (min {kv['min']:,}, sum {kv['sum']:,}, spread {kv['spread'] * 100:.1f} %)")
     con.print(Text("OK: healthy" if ok else "FAILED: see above", style="bold green" if ok else "bold red"))
     return 0 if ok else 1
 

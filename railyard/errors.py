@@ -46,3 +46,19 @@ class InventoryError(UsageError):
     def __init__(self, problems: list[Problem]):
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))
+
+
+class LaunchError(RailyardError):
+    """A launch-time refusal with its fix."""
+
+
+class CommandFailed(RailyardError):
+    """A remote command that had to succeed did not: the message names the host and why."""
+
+    def __init__(self, result, what: str = ""):
+        self.result = result
+        why = (f"{result.error.kind}: {result.error.message} (fix: {result.error.hint})" if result.error
+               else (result.stderr or result.stdout).strip().splitlines()[-1:] or [f"exit {result.rc}"])
+        if isinstance(why, list):
+            why = why[0]
+        super().__init__(f"{result.host}: {what + ': ' if what else ''}{why}")

@@ -7,9 +7,10 @@
           hosts:
             A: {ansible_host: 10.0.0.11, rank: 0, rails: {cx8r1: {hca: mlx5_1, ipv4: 192.168.101.1/24}}}
 
-Variables come from `roles/<role>/defaults/main.yml` and are overridden, in this
-order, by group vars (`all` first, then each group down to the host's own),
-host vars, and finally `--set KEY=VALUE` on the command line: see `merge_vars`.
+Variables come from `roles/<role>/defaults/main.yml`, then the chosen layout's own
+defaults (`roles/<role>/layouts/<serve_layout>.yml`), and are overridden, in this order,
+by group vars (`all` first, then each group down to the host's own), host vars, and
+finally `--set KEY=VALUE` on the command line: see `merge_vars`.
 Every problem found is reported as one line naming the file, the key path and
 the value (`InventoryError`, exit code 2).
 """
@@ -42,7 +43,7 @@ HOST_ONLY_KEYS = {"ansible_host", "rank", "rails"}
 RAIL_KEYS = {"hca", "ipv4"}
 # Values that must be the same on every host for a multi-node launch to work.
 CLUSTER_WIDE = (
-    "cluster_serve_rail", "model_path", "model_revision", "model_repo", "vllm_image",
+    "serve_layout", "cluster_serve_rail", "model_path", "model_revision", "model_repo", "vllm_image",
     "vllm_port", "vllm_master_port", "vllm_tensor_parallel_size", "preflight_mtu",
 )
 
@@ -78,6 +79,7 @@ class Host:
     key_file: str
     rails: dict[str, Rail]
     vars: dict[str, Any] = field(repr=False)
+    groups: tuple[str, ...] = ()  # the inventory groups it is in, outermost first
     origins: dict[str, tuple[str, str]] = field(repr=False, default_factory=dict)  # var -> (file, key path)
 
     @property
@@ -207,12 +209,15 @@ def role_layers(roles_dir: Path = ROLES_DIR) -> list[Layer]:
     return layers
 
 
-def role_defaults(roles_dir: Path = ROLES_DIR) -> Layer:
-    """Every known variable with its default value, as one layer."""
-    values: dict[str, Any] = {}
-    for layer in role_layers(roles_dir):
-        values.update(layer.values)
-    return Layer(str(roles_dir), "", values)
+def layout_layers(roles_dir: Path = ROLES_DIR) -> dict[str, list[Layer]]:
+    """Each layout's own defaults (`roles/*/layouts/<layout>.yml`), by layout name."""
+    problems: list[Problem] = []
+    out: dict[str, list[Layer]] = {}
+    for f in sorted(roles_dir.glob("*/layouts/*.yml")):
+        out.setdefault(f.stem, []).append(Layer(str(f), "", _read_yaml(f, problems) or {}))
+    if problems:
+        raise InventoryError(problems)
+    return out
 
 
 def merge_vars(layers: Iterable[Layer]) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
@@ -261,6 +266,8 @@ def load_inventory(path: str | os.PathLike | None, overrides: Iterable[str] | No
     problems: list[Problem] = []
     base = role_layers(roles_dir)
     defaults = Layer(str(roles_dir), "", {k: v for layer in base for k, v in layer.values.items()})
+    by_layout = layout_layers(roles_dir)
+    nullable = {k for layers in by_layout.values() for layer in layers for k, v in layer.values.items() if v is None}
     cli = parse_overrides(overrides)
     known = set(defaults.values)
     for k, v in cli.values.items():
@@ -278,13 +285,12 @@ def load_inventory(path: str | os.PathLike | None, overrides: Iterable[str] | No
     tree.walk(data)
     hosts: list[Host] = []
     for name, entry in tree.hosts.items():
-        layers = list(base)
-        for group in entry.groups:
-            layers.extend(tree.group_layers.get(group, []))
-        layers.extend(entry.layers)
-        layers.append(cli)
-        values, origins = merge_vars(layers)
-        host = _build_host(name, entry, values, origins, defaults.values, inv_path, problems)
+        above = [layer for group in entry.groups for layer in tree.group_layers.get(group, [])]
+        above += entry.layers + [cli]
+        values, origins = merge_vars(base + above)
+        # the layout's own defaults sit between the roles' and the inventory's
+        values, origins = merge_vars(base + by_layout.get(str(values["serve_layout"]), []) + above)
+        host = _build_host(name, entry, values, origins, defaults.values, inv_path, problems, nullable)
         if host:
             hosts.append(host)
     if not tree.hosts and not problems:
@@ -438,7 +444,7 @@ def _type_ok(value: Any, default: Any) -> bool:
 
 
 def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defaults: dict,
-                inv_path: Path, problems: list[Problem]) -> Host | None:
+                inv_path: Path, problems: list[Problem], nullable: set[str] = frozenset()) -> Host | None:
     start = len(problems)
 
     def bad(key: str, msg: str) -> None:
@@ -446,7 +452,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         problems.append(Problem(file, where, values.get(key, MISSING), msg))
 
     for k, v in values.items():
-        if k in defaults and not _type_ok(v, defaults[k]):
+        if k in defaults and not _type_ok(v, defaults[k]) and not (v is None and k in nullable):
             bad(k, f"must be {_type_name(type(defaults[k]))}")
     if len(problems) > start:
         return None
@@ -535,6 +541,9 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         bad("vllm_image", "must be pinned by digest: name:tag@sha256:<64 hex>")
     if not REVISION_RE.match(values["model_revision"]):
         bad("model_revision", "must be a pinned 40-hex commit hash")
+    from .serving.layouts import LAYOUTS
+    if values["serve_layout"] not in LAYOUTS:
+        bad("serve_layout", f"unknown layout (one of: {', '.join(LAYOUTS)})")
     if values["sync_verify"] not in ("size", "content"):
         bad("sync_verify", "must be size or content")
     if not all(isinstance(a, str) for a in values["model_architectures"]):
@@ -551,6 +560,8 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         "ssh_connect_timeout": (1, 600), "ssh_command_timeout": (1, 86_400), "ssh_parallel": (1, 512),
         "model_size_gb": (0, 100_000), "vllm_port": (1, 65535), "vllm_master_port": (1, 65535),
         "vllm_tensor_parallel_size": (1, 1024), "vllm_gpu_memory_utilization": (0.01, 1.0),
+        "vllm_pipeline_parallel_size": (1, 1024), "vllm_data_parallel_size": (1, 1024),
+        "vllm_api_server_count": (0, 1024), "cluster_gpus_per_host": (1, 64),
         "nccl_check_timeout_s": (10, 86_400), "nccl_check_min_link_fraction": (0.0, 1.0),
         "sync_streams": (1, 64), "sync_bwlimit_mbps": (0, 1_000_000), "sync_timeout_s": (1, 604_800),
     }
@@ -561,7 +572,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         return None
     return Host(name=name, rank=rank, address=address or "", port=values["ansible_port"],
                 user=values["ansible_user"], connection=conn, key_file=key_file, rails=rails,
-                vars=values, origins=origins)
+                vars=values, origins=origins, groups=tuple(entry.groups))
 
 
 def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: list[Problem]) -> None:
@@ -615,20 +626,7 @@ def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: 
                 problems.append(Problem(file, where(h, f"rails.{rname}.ipv4"), str(rail.ipv4), "is the network or broadcast address"))
 
 
-def check_parallelism(inv: Inventory) -> None:
-    """Each rank serves the one GPU cluster_gpu_name selects: the TP size must be the number of ranks
-    (unless vllm_extra_args sets a pipeline-parallel size). Checked before launch touches a host."""
-    head = inv.head
-    tp = head.vars["vllm_tensor_parallel_size"]
-    pp_given = any(str(a).startswith(("--pipeline-parallel-size", "-pp")) for a in head.vars["vllm_extra_args"])
-    if tp != len(inv.hosts) and not pp_given:
-        file_, key = _origin_of(head, "vllm_tensor_parallel_size")
-        raise InventoryError([Problem(file_, key, tp, f"must equal the number of ranks ({len(inv.hosts)}): each "
-                                                      "rank serves one GPU (or set --pipeline-parallel-size in "
-                                                      "vllm_extra_args)")])
-
-
-def _origin_of(h: Host, key: str) -> tuple[str, str]:
+def origin_of(h: Host, key: str) -> tuple[str, str]:
     """Where a host's variable was last set, for a problem line."""
     return h.origins.get(key, ("(defaults)", key))
 

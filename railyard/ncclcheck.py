@@ -1,8 +1,7 @@
 """`inv nccl-check`: an all-reduce across the ranks over the rail, before the model loads.
 
 On every rank a short-lived container from the pinned image, with the GPU, devices, ulimits
-and NCCL environment that `launch` uses (roles/vllm/templates/container-flags.j2), runs
-scripts/nccl_probe.py. NCCL logs to stdout there, so `docker logs` carries both the probe's
+and NCCL environment of that rank's service in the launch plan, runs scripts/nccl_probe.py. NCCL logs to stdout there, so `docker logs` carries both the probe's
 JSON lines and the log the verify-rdma judge reads. The containers are always removed, also
 when the probe fails or the user interrupts.
 """
@@ -14,13 +13,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import UsageError
+from dataclasses import replace
+
+from .errors import LaunchError, UsageError
 from .inventory import Inventory
-from .launch import (LaunchError, RankFacts, _write_remote, container_context, gather_facts, inspect, on_host,
-                     render_command)
+from .launch import plan_and_facts
 from .nccl import RankVerdict, judge
+from .ops.containers import inspect
+from .render.docker import run_line
 from .runner import Runner
-from .transport import cmd
+from .serving.hostfacts import on_host
+from .serving.spec import GROUP_SIZE, HEAD_ADDR, NODE_RANK, LaunchPlan, Mount, Service
+from .transport import cmd, write_remote
 
 PROBE = Path(__file__).resolve().parent / "scripts" / "nccl_probe.py"
 PROBE_CONTAINER = "railyard-nccl-check"
@@ -80,6 +84,26 @@ def summarize(per_rank: dict[str, list[dict]]) -> list[SizeResult]:
     return out
 
 
+def probe_service(svc: Service, probe_path: str, sizes: str, timeout: int, port: int) -> Service:
+    """A rank's probe: its serving container's GPU, devices, ulimits and NCCL environment (not its
+    debug file: NCCL logs to stdout here), running nccl_probe.py instead of vLLM."""
+    spec = svc.spec
+    env = [(k, v) for k, v in spec.env if k != "NCCL_DEBUG_FILE"]
+    env += [("RANK", NODE_RANK), ("WORLD_SIZE", GROUP_SIZE), ("MASTER_ADDR", HEAD_ADDR), ("MASTER_PORT", str(port)),
+            ("LOCAL_RANK", "0")]
+    command = ("python3", "/railyard/nccl_probe.py", "--sizes", sizes, "--timeout", str(timeout))
+    return replace(svc, spec=replace(spec, name=PROBE_CONTAINER, command=command, env=tuple(env), setup=(),
+                                     secrets=(), labels=(("railyard.nccl-check", "1"),),
+                                     mounts=spec.mounts + (Mount(probe_path, "/railyard/nccl_probe.py", True),)))
+
+
+def probe_lines(plan: LaunchPlan, homes: dict[str, str | None], sizes: str, timeout: int, port: int) -> dict[str, str]:
+    """service -> the `docker run` of its probe container."""
+    return {svc.name: run_line(plan, probe_service(svc, on_host(PROBE_REMOTE, homes.get(svc.host)), sizes, timeout,
+                                                   port), with_hash=False)
+            for svc in plan.services()}
+
+
 def nccl_check(inv: Inventory, sizes: str | None, timeout: float | None, console=None) -> CheckReport:
     head = inv.head
     v = head.vars
@@ -89,26 +113,23 @@ def nccl_check(inv: Inventory, sizes: str | None, timeout: float | None, console
     link = int(v["preflight_link_speed_mbps"])
     say = (lambda m: console.print(m, style="dim")) if console else (lambda m: None)
     with Runner(inv.hosts) as runner:
-        facts = gather_facts(runner, inv.hosts)
-        problems = [p for f in facts.values() for p in f.problems]
-        if problems:
-            raise LaunchError("cannot start the probe:\n  " + "\n  ".join(problems))
+        plan, facts = plan_and_facts(inv, runner)
+        if "rdma" not in plan.verifiers:
+            raise UsageError(f"nccl-check: layout {plan.layout} runs on one host; no NCCL traffic crosses a rail")
+        lines = probe_lines(plan, {n: f.home for n, f in facts.items()}, sizes, int(timeout),
+                            int(v["vllm_master_port"]) + 10)
         started: list[str] = []
         try:
-            for h in inv.ordered(None):
-                s = runner.session(h)
+            for svc in plan.services():
+                s = runner.session(svc.host)
                 s.run(cmd("docker", "rm", "-f", PROBE_CONTAINER) + " >/dev/null 2>&1; true", timeout=60)
-                _write_remote(s, PROBE_REMOTE, PROBE.read_text(), mode="644")
-            for h in inv.ordered(None):  # workers first, as launch does; the head hosts the rendezvous
-                f: RankFacts = facts[h.name]
-                ctx = container_context(inv, f, drop_env=("NCCL_DEBUG_FILE",))
-                ctx.update(probe_container=PROBE_CONTAINER, probe_path=on_host(PROBE_REMOTE, f.home), sizes=sizes,
-                           probe_port=int(h.vars["vllm_master_port"]) + 10, timeout=int(timeout))
-                r = runner.session(h).run(render_command("nccl-check-run.j2", ctx), timeout=120)
+                write_remote(s, PROBE_REMOTE, PROBE.read_text(), mode="644")
+            for svc in plan.services():  # in the plan's order (workers first); the head hosts the rendezvous
+                r = runner.session(svc.host).run(lines[svc.name], timeout=120)
                 if not r.ok:
-                    raise LaunchError(f"{h.name}: the probe container did not start: "
+                    raise LaunchError(f"{svc.host}: the probe container did not start: "
                                       f"{(r.stderr or str(r.error)).strip().splitlines()[-1:]}")
-                started.append(h.name)
+                started.append(svc.host)
             say(f"probe running on {', '.join(started)} (sizes {sizes})")
             deadline = time.monotonic() + timeout + 10
             while True:

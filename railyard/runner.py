@@ -21,13 +21,17 @@ T = TypeVar("T")
 
 class Runner:
     def __init__(self, hosts: Iterable[Host], parallel: int | None = None,
-                 connect_timeout: float | None = None, command_timeout: float | None = None):
+                 connect_timeout: float | None = None, command_timeout: float | None = None,
+                 sessions: dict[str, Session] | None = None):
+        """sessions: ready-made sessions by host name (a FakeSession in unit tests)."""
         self.hosts = list(hosts)
         first = self.hosts[0].vars if self.hosts else {}
         self.parallel = max(1, int(parallel or first.get("ssh_parallel", 32)))
-        self._sessions: dict[str, Session] = {
-            h.name: open_session(h, connect_timeout=connect_timeout, command_timeout=command_timeout)
-            for h in self.hosts}
+        self._sessions: dict[str, Session] = dict(sessions or {})
+        for h in self.hosts:
+            if h.name not in self._sessions:
+                self._sessions[h.name] = open_session(h, connect_timeout=connect_timeout,
+                                                      command_timeout=command_timeout)
 
     def session(self, host: Host | str) -> Session:
         return self._sessions[host if isinstance(host, str) else host.name]

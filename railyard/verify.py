@@ -1,12 +1,17 @@
 """`inv verify-rdma` and `inv health`.
 
-verify-rdma collects the NCCL logs from every rank's container and judges them with
-railyard.nccl, adding what only the running container can show: memlock unlimited,
-/dev/infiniband present, IPC_LOCK granted, and the NCCL library the image carries.
+Both work from the launch plan's services, so they work for every layout.
 
-health asks each rank for its container and GPU, then the head's API (with the key, read
-on the head): /health, /v1/models, one short real chat completion at temperature 0 that must
-end with finish_reason "stop", and /metrics summarised. Every probe's latency is shown.
+verify-rdma collects the NCCL logs from every service whose traffic crosses the rails and
+judges them with railyard.nccl, adding what only the running container can show: memlock
+unlimited, /dev/infiniband present, IPC_LOCK granted, and the NCCL library the image carries.
+A one-host layout has nothing to verify there, and says so.
+
+health asks each service for its container and GPUs, then the plan's endpoint (with the key,
+read on its host): /health, /v1/models, one short real chat completion at temperature 0 that
+must end with finish_reason "stop", and /metrics summarised; under DP attention also the KV
+cache of every DP rank (min, sum, spread) and every engine in /metrics. Every probe's latency
+is shown.
 """
 
 from __future__ import annotations
@@ -17,11 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UsageError
-from .inventory import Host, Inventory
-from .launch import NCCL_ENV, _uptime, gather_facts, gpu_usage, inspect
+from .inventory import Inventory
+from .launch import build_plan
 from .nccl import RankVerdict, judge
+from .ops.containers import inspect, log_tail, uptime
+from .ops.launch import describe
 from .runner import Runner
-from .transport import RemotePath, Session, cmd, q
+from .serving import layouts
+from .serving.hostfacts import gpu_usage
+from .serving.spec import Endpoint, LaunchPlan, Service
+from .serving.vllm import metric_engines, parse_kv_cache
+from .transport import Session, cmd, q
 
 NCCL_LIB_PY = ("import os, nvidia.nccl as n; p = os.path.join(list(n.__path__)[0], 'lib', 'libnccl.so.2'); "
                "print(p if os.path.exists(p) else 'missing ' + p)")
@@ -39,9 +50,8 @@ def judge_files(paths: list[str]) -> list[RankVerdict]:
     return out
 
 
-def _log_glob(h: Host) -> str:
-    path = h.vars["vllm_extra_env"].get("NCCL_DEBUG_FILE") or dict(NCCL_ENV)["NCCL_DEBUG_FILE"]
-    return re.sub(r"%[hp]", "*", str(path))
+def _log_glob(svc: Service) -> str:
+    return re.sub(r"%[hp]", "*", str(dict(svc.spec.env).get("NCCL_DEBUG_FILE", "/tmp/nccl_%h_%p.log")))
 
 
 def _version_tuple(v: str | None) -> tuple:
@@ -51,20 +61,21 @@ def _version_tuple(v: str | None) -> tuple:
         return ()
 
 
-def verify_rank(s: Session, h: Host) -> list[RankVerdict]:
-    name = h.vars["vllm_container"]
+def verify_rank(s: Session, svc: Service) -> list[RankVerdict]:
+    name = svc.spec.name
+    host = svc.host
     c = inspect(s, name)
-    src = f"{h.name}:{name}"
+    src = f"{host}:{name}"
     if not c.exists or not c.running:
         return [RankVerdict(src, "fail", None, False, [], None, [],
-                            [f"container {name} is {c.status if c.exists else 'missing'} on {h.name} "
+                            [f"container {name} is {c.status if c.exists else 'missing'} on {host} "
                              "(fix: inv launch / inv start)"])]
-    pattern = _log_glob(h)
+    pattern = _log_glob(svc)
     script = (f'for f in {pattern}; do [ -e "$f" ] || continue; printf "@@file %s\\n" "$f"; cat "$f"; done; '
               'printf "@@memlock %s\\n" "$(ulimit -l)"; '
               'if [ -d /dev/infiniband ]; then printf "@@ib %s\\n" "$(ls /dev/infiniband | tr "\\n" " ")"; fi')
     r = s.run(cmd("docker", "exec", name, "sh", "-c", script), timeout=60)
-    caps = s.run(cmd("docker", "inspect", "--format", "{{json .HostConfig.CapAdd}}", name), timeout=30)
+    caps = s.run(cmd("docker", "inspect", "--format", "{{json .HostConfig.CapAdd}}", name), timeout=30)  # as granted
     lib = s.run(cmd("docker", "exec", name, "python3", "-c", NCCL_LIB_PY), timeout=60)  # as the entrypoint finds it
     nccl_lib = lib.stdout.strip() if lib.ok else None
     if r.error:
@@ -103,7 +114,7 @@ def verify_rank(s: Session, h: Host) -> list[RankVerdict]:
                              "NCCL_DEBUG_FILE must be set, and the ranks must have connected)"] + container)]
     out = []
     for path, lines in sorted(files.items()):
-        v = judge("\n".join(lines), f"{h.name}:{path}", [h.serve_rail.hca])
+        v = judge("\n".join(lines), f"{host}:{path}", list(svc.spec.rdma.hcas if svc.spec.rdma else ()))
         if v.nccl_version and _version_tuple(v.nccl_version) < MIN_NCCL:
             v.reasons.append(f"NCCL {v.nccl_version} is older than {'.'.join(map(str, MIN_NCCL))}, which can deadlock "
                              "cross-node CUDA graph replays over RoCE (fix: load the image's own libnccl via "
@@ -114,17 +125,18 @@ def verify_rank(s: Session, h: Host) -> list[RankVerdict]:
     return out
 
 
-def verify_rdma(inv: Inventory) -> list[RankVerdict]:
-    with Runner(inv.hosts) as runner:
-        got = runner.each(lambda s: verify_rank(s, s.host))
+def verify_rdma(inv: Inventory) -> tuple[LaunchPlan, list[RankVerdict]]:
+    """Every service of a layout whose NCCL traffic crosses the rails; none for a one-host layout."""
+    with Runner(layouts.get(inv).hosts(inv)) as runner:
+        plan = build_plan(inv, runner, strict=False)
+        if "rdma" not in plan.verifiers:
+            return plan, []
+        got = runner.each(lambda s: [v for svc in plan.on_host(s.host.name) for v in verify_rank(s, svc)])
     out = []
-    for h in inv.hosts:
-        res = got[h.name]
-        if isinstance(res, list):
-            out.extend(res)
-        else:
-            out.append(RankVerdict(h.name, "fail", None, False, [], None, [], [str(res.error)]))
-    return out
+    for h in plan.hosts():
+        res = got[h]
+        out.extend(res if isinstance(res, list) else [RankVerdict(h, "fail", None, False, [], None, [], [str(res.error)])])
+    return plan, out
 
 
 # ---------------------------------------------------------------- health
@@ -140,7 +152,8 @@ class Probe:
 @dataclass
 class RankHealth:
     host: str
-    rank: int
+    rank: int | None
+    service: str
     state: str
     uptime_s: float | None
     gpu_used_mib: int | None
@@ -149,13 +162,10 @@ class RankHealth:
     reasons: list[str] = field(default_factory=list)
 
 
-def _curl(s: Session, h: Host, path: str, body: dict | None = None, timeout: int = 60) -> tuple[int, float, str]:
-    """One HTTP request from the head to its own API, the key read from its file on the head."""
-    bind = h.vars["vllm_bind"]
-    host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
-    url = f"http://{host}:{h.vars['vllm_port']}{path}"
-    key = q(RemotePath(h.vars["vllm_api_key_file"]))
-    auth = f'-H "Authorization: Bearer $(cat {key} 2>/dev/null)"'
+def _curl(s: Session, ep: Endpoint, path: str, body: dict | None = None, timeout: int = 60) -> tuple[int, float, str]:
+    """One HTTP request from the endpoint's host to its own API, the key read from its file there."""
+    url = f"http://{ep.local_address}:{ep.port}{path}"
+    auth = f'-H "Authorization: Bearer $(cat {q(ep.api_key_file)} 2>/dev/null)"' if ep.api_key_file else ""
     data = ""
     if body is not None:
         data = "-H 'Content-Type: application/json' --data-binary @-"
@@ -208,58 +218,102 @@ def summarize_metrics(m: dict) -> dict:
     }
 
 
-def health(inv: Inventory) -> tuple[list[RankHealth], list[Probe], dict]:
-    name = inv.head.vars["vllm_container"]
-    served = inv.head.vars["model_repo"]
-    with Runner(inv.hosts) as runner:
-        facts = gather_facts(runner, inv.hosts)
+def kv_summary(per_rank: dict[int, int]) -> dict:
+    """KV tokens per DP rank -> min, sum and spread ((max - min) / max)."""
+    if not per_rank:
+        return {"per_rank": {}, "min": None, "sum": None, "spread": None}
+    lo, hi = min(per_rank.values()), max(per_rank.values())
+    return {"per_rank": {str(k): v for k, v in sorted(per_rank.items())}, "min": lo, "sum": sum(per_rank.values()),
+            "spread": (hi - lo) / hi if hi else 0.0}
 
-        def rank(s: Session) -> RankHealth:
-            h = s.host
-            c = inspect(s, name)
-            usage = gpu_usage(s, facts[h.name].gpu_uuid)
-            procs, used = usage.processes, usage.used_mib
-            reasons = []
-            if not c.exists or not c.running:
-                reasons.append(f"container {name} is {c.status if c.exists else 'missing'}")
-            if c.running and not procs:
-                reasons.append("no serving process on the GPU")
-            return RankHealth(h.name, h.rank, c.status if c.exists else "missing",
-                              _uptime(c.started) if c.running else None, used,
-                              procs[0].name if procs else None, not reasons, reasons)
 
-        got = runner.each(rank)
-        ranks = [got[h.name] if isinstance(got[h.name], RankHealth) else
-                 RankHealth(h.name, h.rank, "unreachable", None, None, None, False, [str(got[h.name].error)])
-                 for h in inv.hosts]
-        probes: list[Probe] = []
-        metrics: dict = {}
-        head = inv.head
-        s = runner.session(head)
-        code, ms, text = _curl(s, head, "/health", timeout=10)
-        probes.append(Probe("/health", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms))
-        code, ms, text = _curl(s, head, "/v1/models", timeout=10)
-        try:
-            ids = [m["id"] for m in json.loads(text).get("data", [])] if code == 200 else []
-        except (ValueError, AttributeError):
-            ids = []
-        probes.append(Probe("/v1/models", code == 200 and served in ids,
-                            (f"HTTP {code}; serves {', '.join(ids) or 'nothing'}" if code else f"no answer: {text[:120]}")
-                            + ("" if served in ids else f" (expected {served})"), ms))
-        body = {"model": served, "temperature": 0, "max_tokens": 64,
-                "messages": [{"role": "user", "content": "Reply with the single word: ready."}]}
-        code, ms, text = _curl(s, head, "/v1/chat/completions", body, timeout=120)
-        finish = None
-        try:
-            doc = json.loads(text)
-            finish = doc["choices"][0]["finish_reason"]
-            tokens = doc.get("usage", {}).get("completion_tokens")
-        except (ValueError, KeyError, IndexError, TypeError):
-            tokens = None
-        probes.append(Probe("chat completion", code == 200 and finish == "stop",
-                            f"HTTP {code}; finish_reason {finish}" + (f"; {tokens} tokens" if tokens else ""), ms))
-        code, ms, text = _curl(s, head, "/metrics", timeout=10)
-        if code == 200:
-            metrics = summarize_metrics(parse_metrics(text))
-        probes.append(Probe("/metrics", code == 200, f"HTTP {code}", ms))
-    return ranks, probes, metrics
+def _service_health(s: Session, svc: Service) -> RankHealth:
+    c = inspect(s, svc.spec.name)
+    usage = gpu_usage(s, svc.spec.gpus.uuids)
+    procs, used = usage.processes, usage.used_mib
+    reasons = []
+    if not c.exists or not c.running:
+        reasons.append(f"container {svc.spec.name} is {c.status if c.exists else 'missing'}")
+    if c.running and svc.spec.gpus.count and not procs:
+        reasons.append("no serving process on the GPU")
+    holding = {p.gpu_uuid for p in procs}
+    idle = [u for u in svc.spec.gpus.uuids if u and u not in holding]
+    if c.running and procs and idle:
+        reasons.append(f"{len(idle)} of its {len(svc.spec.gpus.uuids)} GPUs hold no serving process")
+    return RankHealth(svc.host, svc.rank, svc.name, c.status if c.exists else "missing",
+                      uptime(c.started) if c.running else None, used, procs[0].name if procs else None,
+                      not reasons, reasons)
+
+
+def health(inv: Inventory) -> tuple[LaunchPlan, list[RankHealth], list[Probe], dict]:
+    with Runner(layouts.get(inv).hosts(inv)) as runner:
+        plan = build_plan(inv, runner, strict=False)
+        got = runner.each(lambda s: [_service_health(s, svc) for svc in plan.on_host(s.host.name)])
+        ranks = []
+        for h in plan.hosts():
+            res = got[h]
+            ranks += res if isinstance(res, list) else [
+                RankHealth(h, svc.rank, svc.name, "unreachable", None, None, None, False, [str(res.error)])
+                for svc in plan.on_host(h)]
+        ep = plan.endpoint
+        s = runner.session(ep.host)
+        probes, metrics = _api_probes(s, ep)
+        svc = plan.service(ep.service)
+        text = metrics.pop("_text", "")
+        if "kv_engines" in plan.verifiers:
+            more, metrics["kv_per_rank"] = _engine_probes(s, svc, text)
+            probes += more
+    return plan, ranks, probes, metrics
+
+
+def _api_probes(s: Session, ep: Endpoint) -> tuple[list[Probe], dict]:
+    probes: list[Probe] = []
+    metrics: dict = {}
+    served = ep.model
+    code, ms, text = _curl(s, ep, "/health", timeout=10)
+    probes.append(Probe("/health", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms))
+    code, ms, text = _curl(s, ep, "/v1/models", timeout=10)
+    try:
+        ids = [m["id"] for m in json.loads(text).get("data", [])] if code == 200 else []
+    except (ValueError, AttributeError):
+        ids = []
+    probes.append(Probe("/v1/models", code == 200 and served in ids,
+                        (f"HTTP {code}; serves {', '.join(ids) or 'nothing'}" if code else f"no answer: {text[:120]}")
+                        + ("" if served in ids else f" (expected {served})"), ms))
+    body = {"model": served, "temperature": 0, "max_tokens": 64,
+            "messages": [{"role": "user", "content": "Reply with the single word: ready."}]}
+    code, ms, text = _curl(s, ep, "/v1/chat/completions", body, timeout=120)
+    finish = None
+    try:
+        doc = json.loads(text)
+        finish = doc["choices"][0]["finish_reason"]
+        tokens = doc.get("usage", {}).get("completion_tokens")
+    except (ValueError, KeyError, IndexError, TypeError):
+        tokens = None
+    probes.append(Probe("chat completion", code == 200 and finish == "stop",
+                        f"HTTP {code}; finish_reason {finish}" + (f"; {tokens} tokens" if tokens else ""), ms))
+    code, ms, text = _curl(s, ep, "/metrics", timeout=10)
+    if code == 200:
+        metrics = summarize_metrics(parse_metrics(text))
+        metrics["_text"] = text
+    probes.append(Probe("/metrics", code == 200, f"HTTP {code}", ms))
+    return probes, metrics
+
+
+def _engine_probes(s: Session, svc: Service, metrics_text: str) -> tuple[list[Probe], dict]:
+    """DP attention: one KV cache per engine core in the log, and every engine in /metrics."""
+    want = int(svc.expects("kv_engines", "1"))
+    per_rank = parse_kv_cache(log_tail(s, svc.spec.name, None))
+    kv = kv_summary(per_rank)
+    missing = [r for r in range(want) if r not in per_rank]
+    detail = (f"{len(per_rank)} of {want} DP ranks: min {kv['min']:,} tokens, sum {kv['sum']:,}, spread "
+              f"{kv['spread'] * 100:.1f} %" if per_rank else f"no `GPU KV cache size` line from {describe(svc)}")
+    if missing and per_rank:
+        detail += f"; no KV line from rank(s) {', '.join(map(str, missing))}"
+    engines = metric_engines(metrics_text)
+    absent = [str(r) for r in range(want) if str(r) not in engines]
+    return [Probe("KV cache per DP rank", not missing, detail),
+            Probe("engines in /metrics", bool(metrics_text) and not absent,
+                  (f"engine labels {', '.join(sorted(engines)) or 'none'}" if metrics_text else "no /metrics")
+                  + (f"; missing {', '.join(absent)}" if absent and metrics_text else ""))], kv
+

@@ -1,0 +1,48 @@
+"""The serving layouts, by `serve_layout`. Each is one module with one class:
+
+    validate(inv) -> list[Problem]       static, before any SSH (exit 2 on any problem)
+    hosts(inv) -> list[Host]             the hosts it runs on
+    needs(inv) -> (facts, GPUs per host) what railyard.serving.hostfacts must gather
+    plan(inv, facts, order) -> LaunchPlan   pure; golden-tested
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ...errors import InventoryError, Problem
+from ...inventory import Host, Inventory
+from ..hostfacts import HostFacts
+from ..spec import LaunchPlan
+
+
+class Layout(Protocol):
+    name: str
+
+    def validate(self, inv: Inventory) -> list[Problem]: ...
+
+    def hosts(self, inv: Inventory) -> list[Host]: ...
+
+    def needs(self, inv: Inventory) -> tuple[set[str], int]: ...
+
+    def plan(self, inv: Inventory, facts: dict[str, HostFacts], order: str | None = None) -> LaunchPlan: ...
+
+
+LAYOUTS = ("multinode_tp", "single_node_tp", "dp_ep")
+
+
+def get(inv: Inventory) -> Layout:
+    """The inventory's layout (`serve_layout`, the same on every host: the loader checks that)."""
+    from .multinode_tp import MultinodeTP
+    from .single_node import DpEp, SingleNodeTP
+    return {"multinode_tp": MultinodeTP, "single_node_tp": SingleNodeTP, "dp_ep": DpEp}[
+        inv.head.vars["serve_layout"]]()
+
+
+def validated(inv: Inventory) -> Layout:
+    """The layout, after its static checks: any problem raises InventoryError (exit 2), before SSH."""
+    layout = get(inv)
+    problems = layout.validate(inv)
+    if problems:
+        raise InventoryError(problems)
+    return layout

@@ -1,0 +1,166 @@
+"""The executor against FakeSession hosts: stage order, gates, no-op by spec hash, refusals, and
+the facts it plans from, without the lab."""
+
+import json
+import re
+
+import pytest
+
+from railyard.errors import LaunchError
+from railyard.ops import launch as ops
+from railyard.ops.envfiles import EnvFile
+from railyard.render import docker
+from railyard.runner import Runner
+from railyard.serving import hostfacts
+from railyard.probe import answer
+from railyard.transport import FakeSession
+
+from .conftest import real
+from .test_plan import hgx_plan, station_plan
+
+
+def inspect_doc(running=True, config="", code=0):
+    return json.dumps({"State": {"Running": running, "Status": "running" if running else "exited", "Pid": 42 if running else 0,
+                                 "ExitCode": code, "StartedAt": "2026-12-01T08:00:00Z"},
+                       "Config": {"Labels": {"railyard.config": config}}, "Image": "sha256:ab"})
+
+
+class Docker:
+    """A tiny docker host: `docker run` creates the container, inspect shows it, logs say `log`."""
+
+    def __init__(self, host, log="", exits=None):
+        self.containers: dict[str, str] = {}
+        self.log = log
+        self.exits = exits
+        self.session = FakeSession(host)
+        s = self.session
+        s.on(re.compile(r"^docker image inspect "), (0, '[{"Id": "sha256:ab", "RepoDigests": []}]'))
+        s.on(re.compile(r"^test -[fs] "), (0, ""))
+        s.on(re.compile(r"^docker inspect --format '\{\{json \.\}\}' (\S+)$"), self.inspect)
+        s.on(re.compile(r"^docker run -d --name "), self.run)
+        s.on(re.compile(r"^docker logs "), lambda c: (0, self.log + "\n@@last\n" + self.log.splitlines()[-1] + "\n"
+                                                      if self.log else "@@last\n"))
+        s.on(re.compile(r"^curl "), (0, "200"))
+        s.on(re.compile(r"^docker (rm -f|stop --timeout 60) "), (0, ""))
+
+    def inspect(self, command):
+        name = command.rsplit(" ", 1)[1]
+        if name not in self.containers:
+            return 1, "", f"Error: No such object: {name}"
+        return 0, inspect_doc(self.exits is None, self.containers[name], self.exits or 0) + "\n"
+
+    def run(self, command):
+        name = command.split("--name ", 1)[1].split(" ", 1)[0]
+        label = re.search(r"railyard\.config=(\w+)", command)
+        self.containers[name] = label.group(1) if label else ""
+        return 0, "f00d\n"
+
+
+def runner_for(inv, hosts):
+    return Runner(inv.hosts, sessions={n: d.session for n, d in hosts.items()})
+
+
+def current(plan):
+    return [EnvFile(s.host, s.name, s.env_path, "x", "x") for s in plan.services()]
+
+
+def test_stages_start_in_order_and_the_head_is_gated_on_its_log_and_health():
+    inv, plan, _ = station_plan()
+    hosts = {"A": Docker(inv.host("A"), log="INFO:     Application startup complete."),
+             "B": Docker(inv.host("B"), log="waiting for the head")}
+    with runner_for(inv, hosts) as runner:
+        rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 20, False, None)
+    assert rep.ok and rep.order == ["B", "A"] and rep.started == ["worker-1", "head"]
+    runs = [(n, c) for n, d in hosts.items() for c in d.session.calls if c.startswith("docker run")]
+    assert {n for n, _ in runs} == {"A", "B"}
+    assert any(c.startswith("curl ") and "/health" in c for c in hosts["A"].session.calls)
+    assert not any(c.startswith("curl ") for c in hosts["B"].session.calls)  # a worker has no API
+
+
+def test_the_same_plan_running_is_a_noop_and_runs_nothing():
+    inv, plan, _ = station_plan()
+    hosts = {h.name: Docker(h) for h in inv.hosts}
+    for svc in plan.services():
+        hosts[svc.host].containers[svc.spec.name] = docker.config_hash(plan, svc)
+    with runner_for(inv, hosts) as runner:
+        rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 20, False, None)
+    assert rep.noop and not any(c.startswith("docker run") for d in hosts.values() for c in d.session.calls)
+
+
+def test_another_configuration_needs_recreate():
+    inv, plan, _ = station_plan()
+    hosts = {h.name: Docker(h) for h in inv.hosts}
+    for svc in plan.services():
+        hosts[svc.host].containers[svc.spec.name] = "0123456789abcdef"
+    with runner_for(inv, hosts) as runner, pytest.raises(LaunchError, match="another configuration.*--recreate"):
+        ops.apply(plan, runner, current(plan), "~/models/m", False, 20, False, None)
+
+
+def test_stale_env_files_refuse_before_anything_starts():
+    inv, plan, _ = station_plan()
+    hosts = {h.name: Docker(h) for h in inv.hosts}
+    files = current(plan)
+    files[0].current = "old"
+    with runner_for(inv, hosts) as runner, pytest.raises(LaunchError, match="not current on B: run `inv env`"):
+        ops.apply(plan, runner, files, "~/models/m", False, 20, False, None)
+    assert not any(c.startswith("docker run") for d in hosts.values() for c in d.session.calls)
+
+
+def test_a_service_that_exits_fails_the_launch_named_and_rollback_removes_it():
+    inv, plan = hgx_plan()
+    d = Docker(inv.hosts[0], log="ValueError: Free memory on device cuda:0", exits=1)
+    with Runner(inv.hosts, sessions={"G1": d.session}) as runner:
+        rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 20, True, None)
+    assert not rep.ok and rep.failure == "G1 (engine): the container exited with code 1"
+    assert "Free memory" in rep.logs["G1"] and rep.rolled_back == ["G1"]
+    assert any(c.startswith("docker rm -f vllm-tp8") for c in d.session.calls)
+
+
+def test_dp_ep_is_ready_only_when_every_dp_rank_logged_its_kv_cache():
+    inv, plan = hgx_plan("serve_layout=dp_ep")
+    svc = plan.services()[0]
+    seven = "\n".join(f"(EngineCore_DP{i} pid={100 + i}) INFO 12-01 08:00:0{i} [kv_cache_utils.py:1087] GPU KV cache "
+                      f"size: 299,{i}00 tokens" for i in range(7)) + "\nINFO:     Application startup complete."
+    d = Docker(inv.hosts[0], log=seven)
+    pending, _ = ops.pending_gates(d.session, svc)
+    assert [g.kind for g in pending] == ["kv_engines", "http"]  # /health is asked once the log is complete
+    d.log = seven + "\n(EngineCore_DP7 pid=107) INFO x [kv_cache_utils.py:1087] GPU KV cache size: 301,000 tokens"
+    pending, _ = ops.pending_gates(d.session, svc)
+    assert pending == []
+
+
+def test_a_gate_that_never_holds_times_out_naming_what_is_missing():
+    inv, plan = hgx_plan()
+    d = Docker(inv.hosts[0], log="loading weights")
+    with Runner(inv.hosts, sessions={"G1": d.session}) as runner:
+        rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 2, False, None)
+    assert rep.failure == "G1 (engine): no `Application startup complete` and /health within 2 s"
+
+
+def test_fake_session_fails_on_an_unexpected_command():
+    inv, plan = hgx_plan()
+    with pytest.raises(AssertionError, match="unexpected command: rm -rf /"):
+        FakeSession(inv.hosts[0]).run("rm -rf /")
+
+
+def test_host_facts_from_real_h200_output_need_enough_gpus():
+    inv, _ = hgx_plan()
+    h = inv.hosts[0]
+    gpus = real("nvidia-smi-h200/query-gpu-csv-noheader-nounits_idle.txt")
+    s = FakeSession(h).on(re.compile("^T="), answer({"home": "/home/x\n", "gpus": gpus}))
+    f = hostfacts.read(s, set(), 8)
+    assert f.problems == ["G1: GPUs: 1 GPU(s) match 'H200', the layout needs 8 (fix: check cluster_gpus_per_host "
+                          "and the parallel sizes against `nvidia-smi -L`)"]
+    f = hostfacts.read(s, set(), 1)
+    assert not f.problems and f.gpus[0].uuid == "GPU-35842103-278f-873a-2444-0a148739cdf2" and f.home == "/home/x"
+
+
+def test_a_station_display_gpu_is_never_chosen():
+    inv, _, _ = station_plan()
+    h = inv.host("A")
+    both = ("0, GPU-aaaaaaaa-0000-0000-0000-000000000000, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12, 97887\n"
+            "1, GPU-bbbbbbbb-0000-0000-0000-000000000000, NVIDIA GB300, 1, 284208\n")
+    s = FakeSession(h).on(re.compile("^T="), answer({"home": "/home/nvidia\n", "gpus": both,
+                                                      "gids": real("show_gids/tpgds-aihub0001_mlx5_0_v1v2.txt")}))
+    f = hostfacts.read(s, {"gids"}, 1)
+    assert [g.name for g in f.gpus] == ["NVIDIA GB300"]
