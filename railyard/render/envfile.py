@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..serving.spec import LaunchPlan, Service
-from ..transport import q
+from . import templates
 
 
 def render(plan: LaunchPlan, svc: Service) -> str:
-    head = (f"# Rendered by railyard for host {svc.host}, service {svc.name} (layout {plan.layout}): do not edit\n"
-            "# here, change the inventory and run `inv env`. Sourceable by a POSIX shell.\n")
-    return head + "".join(f"{k}={q(v)}\n" for k, v in svc.env_file)
+    return templates.render("vllm", "service.env.j2", host=svc.host, service=svc.name, layout=plan.layout,
+                            values=svc.env_file)
 
 
 def local_path(root: Path, plan: LaunchPlan, svc: Service) -> Path:
