@@ -56,7 +56,7 @@ def sync_model(c, inventory=None, source=None, to=None, verify=None, streams=Non
 @task(help={"inventory": INVENTORY, "check": "show the diff against the hosts and change nothing (exit 1 if any differ)",
             "set": SET}, iterable=["set_"])
 def env(c, inventory=None, check=False, set_=None):
-    """Render one env file per rank (GPU UUID, GID index, IPs from the hosts) into env/ and onto each host, 0600."""
+    """Render one env file per service (GPUs, GID index, IPs from the hosts) into env/ and onto each host, 0600."""
     cli.env(inventory, check, set_)
 
 
@@ -88,7 +88,7 @@ def stop(c, inventory=None, set_=None):
 
 @task(help={"inventory": INVENTORY, "rank-order": RANK_ORDER, "timeout": TIMEOUT, "set": SET}, iterable=["set_"])
 def start(c, inventory=None, rank_order=None, timeout=None, set_=None):
-    """Resume the stopped containers in rank order, with the same gates as launch."""
+    """Resume the stopped containers in start order, with the same gates as launch."""
     cli.start(inventory, rank_order, _num(timeout, "--timeout"), set_)
 
 
@@ -115,7 +115,7 @@ def verify_rdma(c, inventory=None, log=None, json=False, set_=None):
 @task(help={"inventory": INVENTORY, "json": JSON, "watch": "repeat every N seconds as a live view", "set": SET},
       iterable=["set_"])
 def health(c, inventory=None, json=False, watch=None, set_=None):
-    """Ranks up and on their GPUs; the head's /health, /v1/models, a real chat completion and /metrics."""
+    """Services up and on their GPUs; the endpoint's /health, /v1/models, a real chat completion, /metrics."""
     cli.health(inventory, json, _num(watch, "--watch"), set_)
 
 
