@@ -172,7 +172,7 @@ def lab_ssh(c, host):
 
 
 lab = Collection("lab", lab_up, lab_down, lab_fault, lab_heal, lab_checkpoint, lab_ssh)
-ns = Collection(preflight, trust_hosts, sync_model, env, launch, start, stop, status, logs, verify_rdma, health,
+ns = Collection(preflight, trust_hosts, sync_model, env, launch, launch_script, start, stop, status, logs, verify_rdma, health,
                 nccl_check, lab)
 
 
