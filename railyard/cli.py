@@ -1,12 +1,14 @@
 """What each `inv` task does. tasks.py parses the flags and calls one function here.
 
 Every function returns an exit code; `entry` turns expected failures into one line on
-stderr and that code (2 for usage and inventory errors), never a traceback.
+stderr and that code (2 for usage and inventory errors), never a traceback. Every `--json`
+output is a railyard.report.Report (its docstring has the contract and the exit codes).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import subprocess
 import sys
@@ -17,11 +19,15 @@ from rich.text import Text
 
 from .errors import InventoryError, RailyardError
 from .inventory import Inventory, load_inventory
-from .report import console, print_checks
+from .report import (console, error_report, health_report, nccl_report, plan_report, print_checks, rdma_report,
+                     status_report, sync_report, verdict_table)
 
 
 def entry(fn):
-    """Run a task body: expected errors become a message and an exit code."""
+    """Run a task body: expected errors become a message and an exit code. Under --json an error
+    that is not a usage error (exit 1) also prints the task's one document, with one failed check."""
+    sig = inspect.signature(fn)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -32,6 +38,8 @@ def entry(fn):
             raise Exit(code=e.exit_code)
         except RailyardError as e:
             print(f"error: {e}", file=sys.stderr)
+            if e.exit_code == 1 and _json_out(sig, args, kwargs):
+                error_report(fn.__name__, str(e)).print_json()
             raise Exit(code=e.exit_code)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
@@ -39,6 +47,13 @@ def entry(fn):
         if code:
             raise Exit(code=code)
     return wrapper
+
+
+def _json_out(sig: inspect.Signature, args, kwargs) -> bool:
+    try:
+        return bool(sig.bind(*args, **kwargs).arguments.get("json_out"))
+    except TypeError:
+        return False
 
 
 def number(value, flag: str, kind=int):
@@ -63,8 +78,7 @@ def preflight(inventory: str | None = None, json_out: bool = False, overrides=No
     if not json_out:
         console(stderr=True).print(f"preflight: {len(inv.hosts)} host(s) from {inv.path}", style="dim")
     results = run_preflight(inv)
-    print_checks(results, json_out, f"railyard preflight — {inv.path.name}")
-    return 1 if any(r.status == "fail" for r in results) else 0
+    return print_checks(results, json_out, f"railyard preflight — {inv.path.name}")
 
 
 @entry
@@ -105,18 +119,17 @@ def trust_hosts(inventory: str | None = None, hosts: str | None = None, accept: 
 def sync_model(inventory: str | None = None, source: str | None = None, to: str | None = None,
                verify: str | None = None, streams: int | None = None, dry_run: bool = False, repair: bool = False,
                json_out: bool = False, rehash: bool = False, bwlimit: float | None = None, overrides=None) -> int:
-    import json as _json
-    from .sync import SyncOptions, print_report, report_json
+    from .sync import SyncOptions, print_report
     from .sync import sync_model as run
     inv = _inventory(inventory, overrides)
     con = console(stderr=json_out)
     opts = SyncOptions(source, to, verify, streams, dry_run, repair, rehash, bwlimit)
     rep = run(inv, opts, con)
+    report = sync_report(rep)
     if json_out:
-        print(_json.dumps(report_json(rep), indent=2))
-    else:
-        print_report(rep, console())
-    return 0 if rep.ok else 1
+        return report.print_json()
+    print_report(rep, console())
+    return report.exit_code
 
 
 @entry
@@ -202,27 +215,30 @@ def stop(inventory: str | None = None, overrides=None) -> int:
 
 @entry
 def status(inventory: str | None = None, json_out: bool = False, overrides=None) -> int:
-    import json as _json
     from rich.table import Table
     from .launch import status as run
     inv = _inventory(inventory, overrides)
     rows = run(inv)
+    report = status_report(rows)
     if json_out:
-        print(_json.dumps({"ok": all(r.get("running") for r in rows), "ranks": rows}, indent=2))
-    else:
-        t = Table(title="status", title_justify="left")
-        for c in ("rank", "host", "service", "container", "state", "uptime", "image", "GPU memory"):
-            t.add_column(c, overflow="fold")
-        for r in rows:
-            mem = r.get("gpu_memory")
-            t.add_row("-" if r["rank"] is None else str(r["rank"]), r["host"], r["service"], r.get("container", ""),
-                      r["state"] + ("" if r.get("config_current", True) or not r.get("running") else
-                                    " (another configuration: launch --recreate)"),
-                      f"{r['uptime_s']:.0f} s" if r.get("uptime_s") is not None else "-",
-                      ("pinned digest" if r.get("pinned_digest_ok") else "NOT the pinned digest") if r.get("image_id") else "-",
-                      f"{mem['used_mib']} / {mem['total_mib']} MiB" if mem else "-")
-        console().print(t)
-    return 0 if all(r.get("running") for r in rows) else 1
+        return report.print_json()
+    t = Table(title="status", title_justify="left")
+    for c in ("rank", "host", "service", "container", "state", "uptime", "image", "GPU memory"):
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        mem = r.get("gpu_memory")
+        t.add_row("-" if r["rank"] is None else str(r["rank"]), r["host"], r["service"], r.get("container", ""),
+                  r["state"] + ("" if r.get("config_current", True) or not r.get("running") else
+                                " (another configuration: launch --recreate)"),
+                  f"{r['uptime_s']:.0f} s" if r.get("uptime_s") is not None else "-",
+                  ("pinned digest" if r.get("pinned_digest_ok") else "NOT the pinned digest") if r.get("image_id") else "-",
+                  f"{mem['used_mib']} / {mem['total_mib']} MiB" if mem else "-")
+    con = console()
+    con.print(t)
+    bad = [f"{c.host}: {c.detail}" for c in report.checks if c.status == "fail"]
+    con.print(Text("OK: every service runs with the current configuration" if report.ok else
+                   "FAILED: " + "; ".join(bad), style="bold green" if report.ok else "bold red"))
+    return report.exit_code
 
 
 @entry
@@ -247,52 +263,39 @@ def launch_script(inventory: str | None = None, out: str | None = None, override
 @entry
 def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, json_out: bool = False,
                 overrides=None) -> int:
-    import json as _json
-    from rich.table import Table
-    from rich.text import Text
+    from .report import NO_HOST
     from .verify import judge_files, verify_rdma as run
     if logs:
         results = judge_files(list(logs))
+        report = rdma_report(results, host_of=lambda source: NO_HOST)  # files on this machine: no host
     else:
         plan, results = run(_inventory(inventory, overrides))
         if not results:  # a one-host layout: no rail carries NCCL traffic
             msg = f"SKIP: layout {plan.layout} runs on one host; NCCL stays inside it, no rail to verify"
+            report = rdma_report([], skipped=msg, skip_host=plan.hosts()[0], layout=plan.layout)
             if json_out:
-                print(_json.dumps({"ok": True, "skipped": msg, "ranks": []}, indent=2))
-            else:
-                console().print(Text(msg, style="yellow"))
-            return 0
-    ok = bool(results) and all(r.verdict == "pass" for r in results)
+                return report.print_json()
+            console().print(Text(msg, style="yellow"))
+            return report.exit_code
+        report = rdma_report(results)
     if json_out:
-        print(_json.dumps({"ok": ok, "ranks": [r.as_dict() for r in results]}, indent=2))
-        return 0 if ok else 1
-    t = Table(title="verify-rdma: NCCL transport per rank", title_justify="left")
-    for c in ("source", "verdict", "transport", "GDRDMA", "HCAs", "NCCL", "reasons"):
-        t.add_column(c, overflow="fold")
-    for r in results:
-        t.add_row(r.source, Text(r.verdict.upper(), style="green" if r.verdict == "pass" else "bold red"),
-                  r.net_transport or "none seen", "yes" if r.gdrdma else "no", ", ".join(r.hcas) or "-",
-                  r.nccl_version or "?", Text("\n".join(r.reasons), style="red") if r.reasons else "")
+        return report.print_json()
     con = console()
-    con.print(t)
-    con.print(Text("OK: every rank uses IB with GPUDirect RDMA on the rail" if ok else
+    con.print(verdict_table(results, "verify-rdma: NCCL transport per rank"))
+    con.print(Text("OK: every rank uses IB with GPUDirect RDMA on the rail" if report.ok else
                    "FAILED: see the reasons; a socket fallback makes a multi-node model several times slower",
-                   style="bold green" if ok else "bold red"))
-    return 0 if ok else 1
+                   style="bold green" if report.ok else "bold red"))
+    return report.exit_code
 
 
-def _health_once(inv, json_out: bool) -> int:
-    import json as _json
-    from dataclasses import asdict
+def _health_once(inv, json_out: bool, indent: int | None = 2) -> int:
     from rich.table import Table
-    from rich.text import Text
     from .verify import health as run
     plan, ranks, probes, metrics = run(inv)
-    ok = all(r.ok for r in ranks) and all(p.ok for p in probes)
+    report = health_report(ranks, probes, metrics, plan.endpoint.host)
+    ok = report.ok
     if json_out:
-        print(_json.dumps({"ok": ok, "ranks": [asdict(r) for r in ranks], "probes": [asdict(p) for p in probes],
-                           "metrics": metrics}, indent=2))
-        return 0 if ok else 1
+        return report.print_json(indent)
     con = console()
     t = Table(title="health: ranks", title_justify="left")
     for c in ("rank", "host", "service", "container", "uptime", "GPU memory", "serving process", "problems"):
@@ -320,7 +323,7 @@ def _health_once(inv, json_out: bool) -> int:
         con.print("KV tokens per DP rank: " + ", ".join(f"{r}: {n:,}" for r, n in kv["per_rank"].items()) +
                   f" (min {kv['min']:,}, sum {kv['sum']:,}, spread {kv['spread'] * 100:.1f} %)")
     con.print(Text("OK: healthy" if ok else "FAILED: see above", style="bold green" if ok else "bold red"))
-    return 0 if ok else 1
+    return report.exit_code
 
 
 @entry
@@ -335,33 +338,24 @@ def health(inventory: str | None = None, json_out: bool = False, watch: float | 
     while True:  # a live view, redrawn every WATCH seconds until Ctrl-C (exit 130)
         if not json_out:
             console().clear()
-        _health_once(inv, json_out)
+        _health_once(inv, json_out, indent=None)  # --json: one document per round, one line each
         _time.sleep(watch)
 
 
 @entry
 def nccl_check(inventory: str | None = None, sizes: str | None = None, timeout: float | None = None,
                json_out: bool = False, overrides=None) -> int:
-    import json as _json
     from rich.table import Table
-    from rich.text import Text
     from .ncclcheck import nccl_check as run, parse_sizes
     inv = _inventory(inventory, overrides)
     if sizes:
         parse_sizes(sizes)
     rep = run(inv, sizes, timeout, None if json_out else console(stderr=True))
+    report = nccl_report(rep)
     if json_out:
-        print(_json.dumps(rep.as_dict(), indent=2))
-        return 0 if rep.ok else 1
+        return report.print_json()
     con = console()
-    t = Table(title="nccl-check: transport per rank", title_justify="left")
-    for c in ("source", "verdict", "transport", "GDRDMA", "HCAs", "NCCL", "reasons"):
-        t.add_column(c, overflow="fold")
-    for r in rep.ranks:
-        t.add_row(r.source, Text(r.verdict.upper(), style="green" if r.verdict == "pass" else "bold red"),
-                  r.net_transport or "none seen", "yes" if r.gdrdma else "no", ", ".join(r.hcas) or "-",
-                  r.nccl_version or "?", Text("\n".join(r.reasons), style="red") if r.reasons else "")
-    con.print(t)
+    con.print(verdict_table(rep.ranks, "nccl-check: transport per rank"))
     b = Table(title="all-reduce (slowest rank per size)", title_justify="left")
     for c in ("size", "time", "algbw", "busbw", "of the link"):
         b.add_column(c, justify="right")
@@ -372,10 +366,10 @@ def nccl_check(inventory: str | None = None, sizes: str | None = None, timeout: 
     for e in rep.errors:
         con.print(Text(f"error: {e}", style="bold red"))
     frac = "-" if rep.link_fraction is None else f"{rep.link_fraction * 100:.0f} %"
-    con.print(Text(f"{'OK' if rep.ok else 'FAILED'}: largest size reached {frac} of {rep.link_speed_mbps} Mb/s "
+    con.print(Text(f"{'OK' if report.ok else 'FAILED'}: largest size reached {frac} of {rep.link_speed_mbps} Mb/s "
                    f"(threshold {rep.threshold * 100:.0f} %); probe containers removed on "
-                   f"{', '.join(rep.removed) or 'none'}", style="bold green" if rep.ok else "bold red"))
-    return 0 if rep.ok else 1
+                   f"{', '.join(rep.removed) or 'none'}", style="bold green" if report.ok else "bold red"))
+    return report.exit_code
 
 
 def _size(n: int) -> str:
@@ -460,7 +454,6 @@ def plan(inventory: str | None = None, model: str | None = None, gpu_memory_gib:
          gpu_memory_utilization: float | None = None, kv_cache_dtype: str | None = None,
          reserve_gib: float | None = None, block_size: int | None = None, mtp: bool = False,
          dp_reserve_gib: float | None = None, overrides=None) -> int:
-    import json as _json
     from .capacity import Assumptions, gather, parse_checkpoint, plan_capacity, plan_json
     from .plan_view import print_plan
     a = Assumptions(mtp=mtp, context=context, block_size=block_size, dp_reserve_gib=dp_reserve_gib)
@@ -472,8 +465,8 @@ def plan(inventory: str | None = None, model: str | None = None, gpu_memory_gib:
         a.reserve_gib = reserve_gib
     doc, found = gather(lambda: _inventory(inventory, overrides), model, gpu_memory_gib, gpus)
     result = plan_capacity(parse_checkpoint(doc), found, a)
+    report = plan_report(plan_json(result))
     if json_out:
-        print(_json.dumps(plan_json(result), indent=2))
-    else:
-        print_plan(result, console())
-    return 0
+        return report.print_json()
+    print_plan(result, console())
+    return report.exit_code

@@ -106,7 +106,7 @@ def test_launch_workers_first_then_relaunch_is_a_noop(clean):
     again = inv_cmd("launch", "-i", str(clean))
     assert again.returncode == 0 and "already running with this configuration" in again.stdout
     st = inv_cmd("status", "-i", str(clean), "--json")
-    ranks = json.loads(st.stdout)["ranks"]
+    ranks = json.loads(st.stdout)["data"]["ranks"]
     assert st.returncode == 0 and [r["state"] for r in ranks] == ["running", "running"]
     assert all(r["pinned_digest_ok"] and r["gpu_memory"]["used_mib"] > 200_000 for r in ranks)
     logs = inv_cmd("logs", "-i", str(clean), "--rank", "A", "--lines", "5")

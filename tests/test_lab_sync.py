@@ -65,8 +65,8 @@ def test_fresh_copy_verifies_equal_then_a_rerun_sends_nothing(fresh):
     r = inv_cmd("sync-model", "-i", str(fresh), "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout)
-    b = next(h for h in doc["hosts"] if h["host"] == "B")
-    assert doc["ok"] and doc["verify"] == "content" and b["differences"] == [] and b["model_problems"] == []
+    b = next(h for h in doc["data"]["hosts"] if h["host"] == "B")
+    assert doc["ok"] and doc["data"]["verify"] == "content" and b["differences"] == [] and b["model_problems"] == []
     assert b["copy"]["send"] == SHARDS + 4 and b["copy"]["bytes_sent"] >= SIZE_GB * 1e9
     assert not (model_dir("B") / ".cache" / "huggingface").exists()  # .cache/ never copied
     for name in os.listdir(model_dir("A")):
@@ -168,7 +168,7 @@ def test_a_corrupt_config_or_a_shard_missing_from_the_index_fails_the_model_chec
         idx.write_text(json.dumps(doc))
         r = inv_cmd("sync-model", "-i", str(fresh), "--json")
         assert r.returncode == 1
-        problems = {h["host"]: h["model_problems"] for h in json.loads(r.stdout)["hosts"]}
+        problems = {h["host"]: h["model_problems"] for h in json.loads(r.stdout)["data"]["hosts"]}
         assert problems["A"] == problems["B"] == ["the index names 1 shard(s) not present: model-00009-of-00008.safetensors"]
     finally:
         cfg.write_bytes(saved_cfg)

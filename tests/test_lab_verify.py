@@ -42,16 +42,16 @@ def test_a_correct_launch_verifies_and_is_healthy(served):
     assert run("launch", inv=served).returncode == 0
     r = run("verify-rdma", "--json", inv=served)
     doc = json.loads(r.stdout)
-    assert r.returncode == 0 and doc["ok"] and len(doc["ranks"]) == 2
-    assert all(x["net_transport"] == "IB" and x["gdrdma"] and x["hcas"] == ["mlx5_1"] for x in doc["ranks"])
+    assert r.returncode == 0 and doc["ok"] and len(doc["data"]["ranks"]) == 2
+    assert all(x["net_transport"] == "IB" and x["gdrdma"] and x["hcas"] == ["mlx5_1"] for x in doc["data"]["ranks"])
     h = run("health", "--json", inv=served)
     hd = json.loads(h.stdout)
     assert h.returncode == 0 and hd["ok"]
-    assert [p["name"] for p in hd["probes"]] == ["/health", "/v1/models", "chat completion", "/metrics"]
-    assert all(p["ok"] and p["ms"] is not None for p in hd["probes"])
-    assert "finish_reason stop" in hd["probes"][2]["detail"]
-    assert [r_["serving_process"] for r_ in hd["ranks"]] == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"]
-    assert hd["metrics"]["spec_acceptance"] == pytest.approx(0.75)
+    assert [p["name"] for p in hd["data"]["probes"]] == ["/health", "/v1/models", "chat completion", "/metrics"]
+    assert all(p["ok"] and p["ms"] is not None for p in hd["data"]["probes"])
+    assert "finish_reason stop" in hd["data"]["probes"][2]["detail"]
+    assert [r_["serving_process"] for r_ in hd["data"]["ranks"]] == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"]
+    assert hd["data"]["metrics"]["spec_acceptance"] == pytest.approx(0.75)
     table = run("health", inv=served)
     assert "prefix-cache hit rate" in table.stdout and "OK: healthy" in table.stdout
     import os
@@ -71,7 +71,7 @@ def test_a_rail_mtu_mismatch_fails_verification(served):
     assert run("launch", inv=served).returncode == 0  # the model comes up: only verification catches it
     doc = json.loads(run("verify-rdma", "--json", inv=served).stdout)
     assert not doc["ok"]
-    for rank in doc["ranks"]:
+    for rank in doc["data"]["ranks"]:
         assert rank["verdict"] == "fail" and any("vendor err 129" in w for w in rank["warnings"])
         assert any("MTU" in r for r in rank["reasons"])
 
@@ -84,7 +84,7 @@ def test_health_names_the_rank_whose_container_died(served):
     h = run("health", "--json", inv=served)
     doc = json.loads(h.stdout)
     assert h.returncode == 1 and not doc["ok"]
-    b = next(r for r in doc["ranks"] if r["host"] == "B")
+    b = next(r for r in doc["data"]["ranks"] if r["host"] == "B")
     assert not b["ok"] and "container glm53-full is exited" in b["reasons"][0]
     v = run("verify-rdma", inv=served)
     assert v.returncode == 1 and "container glm53-full is exited on B" in v.stdout

@@ -69,9 +69,9 @@ def test_healthy_rail_passes_and_leaves_nothing_behind(ranks):
     r = inv_cmd("nccl-check", "-i", str(ranks), "--json")
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["ok"], r.stdout
-    assert [s["bytes"] for s in doc["sizes"]] == [1 << 20, 16 << 20, 256 << 20, 1 << 30]
-    assert all(x["net_transport"] == "IB" and x["gdrdma"] for x in doc["ranks"])
-    assert doc["link_fraction"] >= doc["threshold"]
+    assert [s["bytes"] for s in doc["data"]["sizes"]] == [1 << 20, 16 << 20, 256 << 20, 1 << 30]
+    assert all(x["net_transport"] == "IB" and x["gdrdma"] for x in doc["data"]["ranks"])
+    assert doc["data"]["link_fraction"] >= doc["data"]["threshold"]
     assert no_probe_left()
 
 
@@ -88,7 +88,7 @@ def test_a_wrong_gid_index_fails_the_transport(ranks):
                 "--set", "vllm_extra_env={NCCL_IB_GID_INDEX: '1'}")
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and not doc["ok"]
-    assert all(not x["gdrdma"] and any("vendor err 129" in w for w in x["warnings"]) for x in doc["ranks"])
+    assert all(not x["gdrdma"] and any("vendor err 129" in w for w in x["warnings"]) for x in doc["data"]["ranks"])
     assert no_probe_left()
 
 

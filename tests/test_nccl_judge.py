@@ -116,10 +116,10 @@ def test_cli_judges_local_files_without_ssh_json_contract():
                 "--log", str(NCCL / "h200-two-hosts-one-gpu_default_nccl2.28.9_r0.log"), "--json")
     assert r.returncode == 1
     doc = json.loads(r.stdout)
-    assert doc["ok"] is False and [x["verdict"] for x in doc["ranks"]] == ["pass", "fail"]
-    assert set(doc["ranks"][0]) == {"source", "verdict", "net_transport", "gdrdma", "hcas", "nccl_version",
-                                    "warnings", "reasons"}
-    assert [x["net_transport"] for x in doc["ranks"]] == ["IB", "Socket"]
+    assert doc["ok"] is False and [x["verdict"] for x in doc["data"]["ranks"]] == ["pass", "fail"]
+    assert set(doc["data"]["ranks"][0]) == {"source", "verdict", "net_transport", "gdrdma", "hcas", "nccl_version",
+                                            "warnings", "reasons"}
+    assert [x["net_transport"] for x in doc["data"]["ranks"]] == ["IB", "Socket"]
     ok = inv_cmd("verify-rdma", "--log", str(NCCL / "sglang-dsr1-2node-8xroce-gdrdma-nccl2.27.5.log"))
     assert ok.returncode == 0 and "PASS" in ok.stdout
     missing = inv_cmd("verify-rdma", "--log", "/nonexistent/nccl.log")
