@@ -8,7 +8,8 @@ cached per host) -> model checks from the checkpoint's own config.json and index
 optional --repair of exactly what differs.
 
 Exit codes: 0 copies equal and the model valid, 1 differences, an invalid model or a failed
-copy, 2 usage or inventory error. `--json` prints one document (see `report_json`).
+copy, 2 usage or inventory error. `--json` prints railyard.report's one document, whose
+`data` is `report_json` here.
 """
 
 from __future__ import annotations
