@@ -409,3 +409,99 @@ def parse_image_inspect(text: str) -> list[DockerImage]:
         raise ParseError(f"bad JSON: {e}") from None
     return [DockerImage(d.get("Id", ""), d.get("RepoDigests") or [], d.get("RepoTags") or [],
                         d.get("Architecture", ""), d.get("Os", "")) for d in docs]
+
+
+# ================================================================ topology: nvidia-smi topo -m, lscpu
+# (GPU <-> CPU/NUMA affinity and GPU <-> NIC distance, for placing ranks on multi-socket hosts)
+
+@dataclass(frozen=True)
+class GpuTopo:
+    index: int
+    cpu_affinity: str            # as printed: "0-55,112-167" (empty when nvidia-smi prints none)
+    numa_affinity: int | None    # None for N/A
+    gpus: dict[int, str]         # other GPU index -> "NV18", "SYS", ...
+    nics: dict[str, str]         # NIC name from the NIC legend ("mlx5_0"; "NIC0" without a legend) -> "PIX", ...
+    line: str
+
+
+_TOPO_TAIL = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+
+
+def _topo_header(line: str) -> list[str] | None:
+    """The matrix header's column names: GPU0.. NIC0.. then the affinity columns."""
+    if "GPU0" not in line or "CPU Affinity" not in line:
+        return None
+    if "\t" in line:
+        return [c.strip() for c in line.split("\t") if c.strip()]
+    # pasted with the tabs turned into spaces: the multi-word names come last
+    cols = line.split()
+    out, i = [], 0
+    while i < len(cols):
+        joined = next((t for t in _TOPO_TAIL if cols[i:i + len(t.split())] == t.split()), None)
+        out.append(joined or cols[i])
+        i += len(joined.split()) if joined else 1
+    return out
+
+
+def parse_topo_matrix(text: str) -> dict[int, GpuTopo]:
+    """`nvidia-smi topo -m`: per GPU index, its CPU affinity (as printed), NUMA affinity, and its relation
+    to every other GPU and to every NIC, the NICs named by the `NIC Legend` (NIC0: mlx5_0). Reads the real
+    tab-separated layout (a GPU row has an empty cell before GPU NUMA ID) and copies whose tabs became
+    spaces; a header without its leading tab too."""
+    lines = text.splitlines()
+    header = None
+    for n, line in enumerate(lines):
+        header = _topo_header(line)
+        if header:
+            break
+    if not header:
+        raise ParseError("no topology matrix header (GPU0 ... CPU Affinity)")
+    gpu_cols = [c for c in header if re.fullmatch(r"GPU\d+", c)]
+    nic_cols = [c for c in header if re.fullmatch(r"NIC\d+", c)]
+    legend = {m[1]: m[2] for m in re.finditer(r"^\s*(NIC\d+):\s*(\S+)\s*$", text, re.M)}
+    out: dict[int, GpuTopo] = {}
+    for line in lines[n + 1:]:
+        m = re.match(r"^\s*GPU(\d+)\b", line)
+        if not m:
+            if out and not line.strip():
+                break
+            continue
+        cells = [c.strip() for c in line.split("\t")[1:]] if "\t" in line else line.split()[1:]
+        rel = cells[:len(gpu_cols) + len(nic_cols)]
+        rest = [c for c in cells[len(rel):] if c]
+        if len(rel) < len(gpu_cols) + len(nic_cols):
+            raise ParseError(f"short topology row: {line!r}")
+        idx = int(m[1])
+        cpu = rest[0] if rest and re.fullmatch(r"[\d,\-]+|N/A", rest[0]) else ""
+        numa_s = rest[1] if len(rest) > 1 else (rest[0] if rest and not cpu else "N/A")
+        out[idx] = GpuTopo(
+            index=idx, cpu_affinity="" if cpu == "N/A" else cpu,
+            numa_affinity=int(numa_s) if numa_s.isdigit() else None,
+            gpus={int(c[3:]): v.strip() for c, v in zip(gpu_cols, rel) if int(c[3:]) != idx},
+            nics={legend.get(c, c): v.strip() for c, v in zip(nic_cols, rel[len(gpu_cols):])},
+            line=line)
+    if not out:
+        raise ParseError("topology matrix without GPU rows")
+    return out
+
+
+def parse_cpu_list(spec: str) -> list[int]:
+    """A kernel CPU list, `0-55,112-167` -> [0, ..., 55, 112, ..., 167]; empty -> []."""
+    out: list[int] = []
+    for part in spec.strip().split(","):
+        if not part:
+            continue
+        a, _, b = part.partition("-")
+        if not a.isdigit() or (b and not b.isdigit()):
+            raise ParseError(f"not a CPU list: {spec!r}")
+        out.extend(range(int(a), int(b or a) + 1))
+    return out
+
+
+def parse_lscpu_numa(text: str) -> dict[int, list[int]]:
+    """`lscpu`: NUMA node -> its CPU ids, from the `NUMA nodeN CPU(s):` lines (flat or indented output).
+    A node without CPUs (a Grace-Hopper GPU's memory node) maps to []."""
+    out = {}
+    for m in re.finditer(r"^\s*NUMA node(\d+) CPU\(s\):[ \t]*(\S*)[ \t]*$", text, re.M):
+        out[int(m[1])] = parse_cpu_list(m[2])
+    return out
