@@ -127,10 +127,13 @@ def nccl_check(c, inventory=None, sizes=None, timeout=None, json=False, set_=Non
     cli.nccl_check(inventory, sizes, _num(timeout, "--timeout"), json, set_)
 
 
-@task(name="up", help={"hosts": "number of test hosts (A, B, C, ...); default 2"})
-def lab_up(c, hosts=2):
+@task(name="up", help={"hosts": "number of test hosts (A, B, C, ...); default 2",
+                       "shape": "station (a DGX Station: GB300 + display GPU, 2 rails; default) or hgx8 "
+                                "(8 GPUs on 2 NUMA nodes, 8 rails); another shape rebuilds the lab",
+                       "gpu": "the GPUs of an hgx8 host: H200 (default) or B200"})
+def lab_up(c, hosts=2, shape="station", gpu="H200"):
     """Start the lab: N test hosts as network namespaces with sshd, rails and simulated GPU tools."""
-    cli.lab_up(int(hosts))
+    cli.lab_up(int(hosts), shape, gpu)
 
 
 @task(name="down")

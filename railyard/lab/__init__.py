@@ -1,16 +1,19 @@
 """The lab: test hosts on this machine, made of network namespaces with a real sshd each.
 
-Each host `A`, `B`, ... gets:
+Every host has one shape (SHAPES): `station`, a DGX Station (a GB300 and an RTX PRO display
+GPU, rails `cx8r0`, `cx8r1`), or `hgx8`, an 8-GPU HGX server (8 H200 or B200 on two NUMA
+nodes, 8 rails `enp24s0np0` ... `enp218s0np0`). Each host `A`, `B`, ... gets:
 - a network namespace `rylab-A` with a management interface `mgmt0` (198.18.0.0/24,
-  bridged to the control machine) and two rails `cx8r0`, `cx8r1` (MTU 9000) on their
-  own bridges (198.18.100.0/24 and 198.18.101.0/24);
+  bridged to the control machine) and its shape's rails (MTU 9000), each on its own
+  bridge (rail k: 198.18.(100+k).0/24);
 - a private mount and UTS namespace held by an anchor process, in which the host's
   own directory is bind-mounted over /root and the hostname is the host's name;
 - a real `sshd` inside those namespaces, with its own host key, whose sessions get a
-  PATH where simulated `ibdev2netdev`, `show_gids`, `nvidia-smi`, `timedatectl` and
-  `docker` come first (they read the host's real interfaces and the lab's fault state).
+  PATH where simulated `ibdev2netdev`, `show_gids`, `nvidia-smi`, `lscpu`, `timedatectl` and
+  `docker` come first (they read the host's real interfaces, the lab's fault state and the
+  host's shape file `shape.json`, written here at up time); an hgx8 host also has `vllm`.
 
-Everything made is recorded in `lab.json` so `down()` removes exactly that.
+Everything made is recorded in `lab.json` (with the shape) so `down()` removes exactly that.
 """
 
 from __future__ import annotations
@@ -35,18 +38,155 @@ from ..errors import RailyardError, UsageError
 LAB_DIR_ENV = "RAILYARD_LAB_DIR"
 DEFAULT_LAB_DIR = "/var/tmp/railyard-lab"
 NS_PREFIX = "rylab-"
-BRIDGES = {"mgmt": "rylab-mgmt", "cx8r0": "rylab-r0", "cx8r1": "rylab-r1"}
+MGMT_BRIDGE = "rylab-mgmt"
 MGMT_NET = "198.18.0"
-RAIL_NETS = {"cx8r0": ("198.18.100", "mlx5_0"), "cx8r1": ("198.18.101", "mlx5_1")}
 CONTROL_IP = f"{MGMT_NET}.1"
 RAIL_MTU = 9000
 LAB_IMAGE_NAME = "vllm/vllm-openai:v0.30.0-aarch64"
 LAB_IMAGE_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image v0.30.0-aarch64").hexdigest()
-SIM_TOOLS = ("ibdev2netdev", "show_gids", "nvidia-smi", "timedatectl", "docker")
+SIM_TOOLS = ("ibdev2netdev", "show_gids", "nvidia-smi", "lscpu", "timedatectl", "docker")
+HOST_TOOLS = ("vllm",)  # installed on the host itself (outside containers) where the shape says so
 SIM_SOURCE = Path(__file__).parent / "sim" / "tools.py"
 VLLM_SOURCE = Path(__file__).parent / "sim" / "vllm.py"
 SYSTEM_PYTHON = "/usr/bin/python3"
 MAX_HOSTS = 200
+
+
+# ---------------------------------------------------------------- shapes
+# What one test host is. The simulated tools print nothing of their own: they read the host's
+# `shape.json`, written from this data at up time (host_shape()).
+
+def _rails(names: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+    """(netdev, hca, subnet prefix) per rail: rail k is mlx5_k on 198.18.(100+k).0/24."""
+    return tuple((n, f"mlx5_{k}", f"198.18.{100 + k}") for k, n in enumerate(names))
+
+
+# Sapphire Rapids (2 x 56 cores, 2 threads each): the NUMA layout and flags of the real dual-socket
+# capture in tests/fixtures/real/lscpu/ (0-55,112-167 on node 0, 56-111,168-223 on node 1).
+_SPR_FLAGS = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush dts acpi mmx fxsr sse "
+              "sse2 ss ht tm pbe syscall nx pdpe1gb rdtscp lm constant_tsc art arch_perfmon pebs bts rep_good nopl "
+              "xtopology nonstop_tsc cpuid aperfmperf tsc_known_freq pni pclmulqdq dtes64 monitor ds_cpl vmx smx est "
+              "tm2 ssse3 sdbg fma cx16 xtpr pdcm pcid dca sse4_1 sse4_2 x2apic movbe popcnt tsc_deadline_timer aes "
+              "xsave avx f16c rdrand lahf_lm abm 3dnowprefetch cpuid_fault epb cat_l3 cat_l2 cdp_l3 invpcid_single "
+              "intel_ppin cdp_l2 ssbd mba ibrs ibpb stibp ibrs_enhanced tpr_shadow vnmi flexpriority ept vpid ept_ad "
+              "fsgsbase tsc_adjust bmi1 avx2 smep bmi2 erms invpcid cqm rdt_a avx512f avx512dq rdseed adx smap "
+              "avx512ifma clflushopt clwb intel_pt avx512cd sha_ni avx512bw avx512vl xsaveopt xsavec xgetbv1 xsaves "
+              "cqm_llc cqm_occup_llc cqm_mbm_total cqm_mbm_local split_lock_detect avx_vnni avx512_bf16 wbnoinvd "
+              "dtherm ida arat pln pts avx512vbmi umip pku ospke waitpkg avx512_vbmi2 gfni vaes vpclmulqdq "
+              "avx512_vnni avx512_bitalg tme avx512_vpopcntdq la57 rdpid bus_lock_detect cldemote movdiri movdir64b "
+              "enqcmd fsrm md_clear serialize tsxldtrk pconfig arch_lbr amx_bf16 avx512_fp16 amx_tile amx_int8 "
+              "flush_l1d arch_capabilities")
+_GRACE_FLAGS = ("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc "
+                "dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs sb paca pacg dcpodp sve2 "
+                "sveaes svepmull svebitperm svesha3 svesm4 flagm2 frint svei8mm svebf16 i8mm bf16 dgh bti")
+_NOT_AFFECTED = ("Gather data sampling", "Itlb multihit", "L1tf", "Mds", "Meltdown", "Mmio stale data", "Retbleed",
+                 "Spec rstack overflow")
+
+# CPUs: `lscpu` rows before the NUMA lines, the NUMA nodes (CPU list per node), the rows after
+CPUS = {
+    "grace": {
+        "head": (("Architecture:", "aarch64"), ("CPU op-mode(s):", "64-bit"), ("Byte Order:", "Little Endian"),
+                 ("CPU(s):", "72"), ("On-line CPU(s) list:", "0-71"), ("Vendor ID:", "ARM"),
+                 ("Model name:", "Neoverse-V2"), ("Model:", "0"), ("Thread(s) per core:", "1"),
+                 ("Core(s) per socket:", "72"), ("Socket(s):", "1"), ("Stepping:", "r0p0"),
+                 ("Frequency boost:", "disabled"), ("CPU max MHz:", "3474.0000"), ("CPU min MHz:", "81.0000"),
+                 ("BogoMIPS:", "2000.00"), ("Flags:", _GRACE_FLAGS), ("L1d cache:", "4.5 MiB (72 instances)"),
+                 ("L1i cache:", "4.5 MiB (72 instances)"), ("L2 cache:", "72 MiB (72 instances)"),
+                 ("L3 cache:", "114 MiB (1 instance)")),
+        "numa": ("0-71",),
+        "tail": tuple((f"Vulnerability {v}:", "Not affected") for v in _NOT_AFFECTED) + (
+            ("Vulnerability Spec store bypass:", "Mitigation; Speculative Store Bypass disabled via prctl"),
+            ("Vulnerability Spectre v1:", "Mitigation; __user pointer sanitization"),
+            ("Vulnerability Spectre v2:", "Not affected"), ("Vulnerability Srbds:", "Not affected"),
+            ("Vulnerability Tsx async abort:", "Not affected")),
+    },
+    "sapphire-rapids-2s": {
+        "head": (("Architecture:", "x86_64"), ("CPU op-mode(s):", "32-bit, 64-bit"),
+                 ("Address sizes:", "46 bits physical, 57 bits virtual"), ("Byte Order:", "Little Endian"),
+                 ("CPU(s):", "224"), ("On-line CPU(s) list:", "0-223"), ("Vendor ID:", "GenuineIntel"),
+                 ("Model name:", "Intel(R) Xeon(R) Platinum 8480+"), ("CPU family:", "6"), ("Model:", "143"),
+                 ("Thread(s) per core:", "2"), ("Core(s) per socket:", "56"), ("Socket(s):", "2"),
+                 ("Stepping:", "8"), ("Frequency boost:", "enabled"), ("CPU max MHz:", "3800.0000"),
+                 ("CPU min MHz:", "800.0000"), ("BogoMIPS:", "4000.00"), ("Flags:", _SPR_FLAGS),
+                 ("Virtualization:", "VT-x"), ("L1d cache:", "5.3 MiB (112 instances)"),
+                 ("L1i cache:", "3.5 MiB (112 instances)"), ("L2 cache:", "224 MiB (112 instances)"),
+                 ("L3 cache:", "210 MiB (2 instances)")),
+        "numa": ("0-55,112-167", "56-111,168-223"),
+        "tail": tuple((f"Vulnerability {v}:", "Not affected") for v in _NOT_AFFECTED) + (
+            ("Vulnerability Spec store bypass:", "Mitigation; Speculative Store Bypass disabled via prctl and seccomp"),
+            ("Vulnerability Spectre v1:", "Mitigation; usercopy/swapgs barriers and __user pointer sanitization"),
+            ("Vulnerability Spectre v2:", "Mitigation; Enhanced IBRS, IBPB conditional, RSB filling, PBRSB-eIBRS SW sequence"),
+            ("Vulnerability Srbds:", "Not affected"), ("Vulnerability Tsx async abort:", "Not affected")),
+    },
+}
+
+# GPU models of an hgx8 host: nvidia-smi's name, memory.total (MiB) and power limit. H200: the real
+# capture in tests/fixtures/real/nvidia-smi-h200/; B200: tests/fixtures/real/nvidia-smi-hgx/ (ORIGINS there).
+GPU_MODELS = {
+    "H200": {"name": "NVIDIA H200", "total": 143771, "power": "%3dW /  700W", "idle_w": 76},
+    "B200": {"name": "NVIDIA B200", "total": 183359, "power": "%3dW / 1000W", "idle_w": 142},
+}
+# An HGX baseboard's GPUs on PCIe (a real 8 x H200 capture, tests/fixtures/real/nvidia-smi-hgx/): 0-3 under
+# socket 0, 4-7 under socket 1; each rail NIC sits on the PCIe switch of its GPU, one bus number below it.
+HGX_GPU_BUSES = (0x19, 0x3B, 0x4C, 0x5D, 0x9B, 0xBB, 0xCB, 0xDB)
+
+SHAPES = {
+    "station": {
+        "rails": _rails(("cx8r0", "cx8r1")), "serve_rail": "cx8r1", "gpu_name": "GB300", "cpu": "grace",
+        "nvlink": None, "host_tools": (), "arch": "arm64",
+    },
+    "hgx8": {
+        "rails": _rails(tuple(f"enp{b - 1}s0np0" for b in HGX_GPU_BUSES)), "serve_rail": "enp24s0np0",
+        "gpu_name": None, "cpu": "sapphire-rapids-2s", "nvlink": "NV18", "host_tools": HOST_TOOLS, "arch": "amd64",
+    },
+}
+DEFAULT_SHAPE = "station"
+
+
+def _uuid(seed: str) -> str:
+    h = hashlib.sha256(seed.encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def check_shape(shape: str, gpu: str) -> None:
+    if shape not in SHAPES:
+        raise UsageError(f"--shape {shape}: one of {', '.join(SHAPES)}")
+    if gpu not in GPU_MODELS:
+        raise UsageError(f"--gpu {gpu}: one of {', '.join(GPU_MODELS)}")
+
+
+def gpu_model_of(shape: str, gpu: str) -> str:
+    """The GPU model a host of this shape serves on (its cluster_gpu_name)."""
+    return SHAPES[shape]["gpu_name"] or gpu
+
+
+def host_shape(shape: str, gpu: str, host: str) -> dict:
+    """Everything the simulated tools of one host print about its hardware: its shape.json."""
+    sh_ = SHAPES[shape]
+    rails = sh_["rails"]
+    if shape == "station":
+        gpus = [
+            {"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "short": "NVIDIA RTX PRO 6000 Blac...",
+             "uuid": _uuid(host + "display"), "bus": "00000000:01:00.0", "total": 97887, "base": 12,
+             "procs": [[2191, "G", "/usr/lib/xorg/Xorg", 4], [5635, "G", "/usr/bin/gnome-shell", 8]],
+             "power": " 38W /  600W", "fan": "30%", "ecc": "Off", "persist": "Off", "display": True, "numa": 0},
+            {"name": "NVIDIA GB300", "short": "NVIDIA GB300", "uuid": _uuid(host + "gb300"),
+             "bus": "00000008:06:00.0", "total": 284208, "base": 1, "procs": [],
+             "power": "237W / 1400W", "fan": "N/A", "ecc": "0", "persist": "On", "display": False, "numa": 0},
+        ]
+        nics = [{"hca": hca, "numa": 0, "near_gpu": None} for _, hca, _ in rails]
+    else:
+        m = GPU_MODELS[gpu]
+        gpus = [{"name": m["name"], "short": m["name"], "uuid": _uuid(f"{host}{gpu}{i}"),
+                 "bus": f"00000000:{b:02X}:00.0", "total": m["total"], "base": 0, "procs": [],
+                 "power": m["power"] % (m["idle_w"] + (i * 7) % 5 - 2), "fan": "N/A", "ecc": "0", "persist": "On",
+                 "display": False, "numa": 0 if i < 4 else 1} for i, b in enumerate(HGX_GPU_BUSES)]
+        nics = [{"hca": hca, "numa": 0 if k < 4 else 1, "near_gpu": k} for k, (_, hca, _) in enumerate(rails)]
+    cpu = CPUS[sh_["cpu"]]
+    return {"shape": shape, "gpu_model": gpu_model_of(shape, gpu), "hcas": {hca: n for n, hca, _ in rails},
+            "serve_rail": sh_["serve_rail"], "gpus": gpus, "nics": nics, "nvlink": sh_["nvlink"],
+            "lscpu": {"head": cpu["head"], "numa": cpu["numa"], "tail": cpu["tail"]},
+            "host_tools": list(sh_["host_tools"]), "arch": sh_["arch"]}
 
 
 class LabError(RailyardError):
@@ -68,6 +208,7 @@ class LabHost:
     name: str
     index: int
     root: Path  # the lab directory
+    shape: str = DEFAULT_SHAPE
 
     @property
     def ns(self) -> str:
@@ -93,12 +234,31 @@ class LabHost:
     def mgmt_ip(self) -> str:
         return f"{MGMT_NET}.{10 + self.index}"
 
+    @property
+    def rails(self) -> tuple[tuple[str, str, str], ...]:
+        """(netdev, hca, subnet prefix) of each rail of this host's shape."""
+        return SHAPES[self.shape]["rails"]
+
+    @property
+    def serve_rail(self) -> str:
+        return SHAPES[self.shape]["serve_rail"]
+
+    def _rail_index(self, rail: str) -> int:
+        for k, (name, _, _) in enumerate(self.rails):
+            if name == rail:
+                return k
+        raise UsageError(f"lab: host {self.name} ({self.shape}) has no rail {rail!r}")
+
     def rail_ip(self, rail: str) -> str:
-        return f"{RAIL_NETS[rail][0]}.{10 + self.index}"
+        return f"{self.rails[self._rail_index(rail)][2]}.{10 + self.index}"
 
     def veth(self, kind: str) -> str:
-        """Root-namespace end of this host's veth for mgmt, cx8r0 or cx8r1 (<= 15 chars)."""
-        return f"rylab{self.index}{ {'mgmt': 'm', 'cx8r0': 'r0', 'cx8r1': 'r1'}[kind] }"
+        """Root-namespace end of this host's veth for mgmt or a rail (<= 15 chars): rylab1m, rylab1r0, ..."""
+        return f"rylab{self.index}m" if kind == "mgmt" else f"rylab{self.index}r{self._rail_index(kind)}"
+
+    @property
+    def shape_file(self) -> Path:
+        return self.dir / "shape.json"
 
     @property
     def anchor_pid_file(self) -> Path:
@@ -192,7 +352,16 @@ def hosts_of(root: Path) -> list[LabHost]:
     state = _load_state(root)
     if not state:
         raise UsageError(f"no lab at {root}: run `inv lab.up` first")
-    return [LabHost(n, i + 1, root) for i, n in enumerate(state["hosts"])]
+    return [LabHost(n, i + 1, root, state.get("shape", DEFAULT_SHAPE)) for i, n in enumerate(state["hosts"])]
+
+
+def rail_bridge(k: int) -> str:
+    return f"rylab-r{k}"
+
+
+def bridges_of(shape: str) -> dict[str, str]:
+    """kind (mgmt or rail netdev) -> bridge name."""
+    return {"mgmt": MGMT_BRIDGE, **{name: rail_bridge(k) for k, (name, _, _) in enumerate(SHAPES[shape]["rails"])}}
 
 
 def lab_host(root: Path, name: str) -> LabHost:
@@ -204,10 +373,13 @@ def lab_host(root: Path, name: str) -> LabHost:
 
 # ---------------------------------------------------------------- up / down
 
-def up(n: int = 2, path: str | None = None, log=print) -> Path:
-    """Bring up N hosts (idempotent) and return the lab inventory's path."""
+def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAPE, gpu: str = "H200") -> Path:
+    """Bring up N hosts of one shape (idempotent) and return the lab inventory's path. `gpu` is the
+    GPU model of an hgx8 host (H200 or B200); a station always has its GB300. Another size or shape
+    rebuilds the lab; another GPU model only rewrites what the hosts' tools report."""
     if not 1 <= n <= MAX_HOSTS:
         raise UsageError(f"--hosts {n}: must be between 1 and {MAX_HOSTS}")
+    check_shape(shape, gpu)
     _requirements()
     root = lab_dir(path)
     state = _load_state(root)
@@ -215,23 +387,28 @@ def up(n: int = 2, path: str | None = None, log=print) -> Path:
         log(f"lab: resizing from {len(state['hosts'])} to {n} hosts")
         down(path, log=lambda *_: None)
         state = None
+    if state and state.get("shape", DEFAULT_SHAPE) != shape:
+        log(f"lab: rebuilding from {state.get('shape', DEFAULT_SHAPE)} to {shape} hosts")
+        down(path, log=lambda *_: None)
+        state = None
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o755)
     names = host_names(n)
-    state = state or {"hosts": names, "bridges": list(BRIDGES.values()), "created": time.time()}
+    state = state or {"hosts": names, "bridges": list(bridges_of(shape).values()), "created": time.time()}
+    state["shape"], state["gpu"] = shape, gpu_model_of(shape, gpu)
     _save_state(root, state)
-    hosts = [LabHost(name, i + 1, root) for i, name in enumerate(names)]
+    hosts = [LabHost(name, i + 1, root, shape) for i, name in enumerate(names)]
 
     _ensure_keys(root, hosts)
-    _install_sims(root, hosts)
-    _ensure_bridges()
+    _install_sims(root, hosts, gpu)
+    _ensure_bridges(shape)
     for h in hosts:
         _ensure_host_net(h)
         _ensure_anchor(h)
     _write_known_hosts(root, hosts)
     procs = [_start_sshd(h) for h in hosts]
     _wait_sshd(hosts, procs)
-    inv = _write_inventory(root, hosts)
+    inv = _write_inventory(root, hosts, gpu)
     return inv
 
 
@@ -242,7 +419,7 @@ def down(path: str | None = None, log=print) -> None:
     if not state:
         log(f"lab: nothing at {root}")
         return
-    hosts = [LabHost(n, i + 1, root) for i, n in enumerate(state["hosts"])]
+    hosts = [LabHost(n, i + 1, root, state.get("shape", DEFAULT_SHAPE)) for i, n in enumerate(state["hosts"])]
     for h in hosts:
         from . import faults
         faults.kill_recorded(h)
@@ -262,7 +439,7 @@ def down(path: str | None = None, log=print) -> None:
                 except (ProcessLookupError, ValueError):
                     pass
             sh("ip", "netns", "del", h.ns, check=False)
-        for kind in ("mgmt", "cx8r0", "cx8r1"):
+        for kind in ["mgmt"] + [name for name, _, _ in h.rails]:
             if _link_exists(h.veth(kind)):
                 sh("ip", "link", "del", h.veth(kind), check=False)
     for br in state.get("bridges", []):
@@ -296,7 +473,7 @@ def _ensure_keys(root: Path, hosts: list[LabHost]) -> None:
             profile.write_text(f'PATH="{h.bin}:$PATH"\n')
 
 
-def _install_sims(root: Path, hosts: list[LabHost]) -> None:
+def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200") -> None:
     sim = root / "sim" / "tools.py"
     sim.parent.mkdir(exist_ok=True)
     text = SIM_SOURCE.read_text()
@@ -330,9 +507,16 @@ def _install_sims(root: Path, hosts: list[LabHost]) -> None:
                 continue
             if not link.is_symlink():
                 link.symlink_to(sim)
+        for tool in SHAPES[h.shape]["host_tools"]:  # e.g. a host-level vLLM (the image's stand-in)
+            link = h.bin / tool
+            if not link.is_symlink():
+                link.symlink_to(image / "bin" / tool)
         images = h.dir / "docker" / "images.json"
         if not images.exists():
             images.write_text(json.dumps({LAB_IMAGE_NAME: LAB_IMAGE_DIGEST}))
+        tmp = h.shape_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(host_shape(h.shape, gpu, h.name), indent=1))
+        tmp.replace(h.shape_file)
 
 
 def _build_memlock_shim(sim: Path) -> None:
@@ -348,30 +532,31 @@ def _build_memlock_shim(sim: Path) -> None:
     sh("gcc", "-shared", "-fPIC", "-O2", "-o", str(out), str(src), "-ldl")
 
 
-def _ensure_bridges() -> None:
-    for kind, br in BRIDGES.items():
+def _ensure_bridges(shape: str) -> None:
+    for kind, br in bridges_of(shape).items():
         if not _link_exists(br):
             sh("ip", "link", "add", br, "type", "bridge")
         if kind != "mgmt":
             sh("ip", "link", "set", br, "mtu", str(RAIL_MTU))
         sh("ip", "link", "set", br, "up")
-    addrs = sh("ip", "-br", "-4", "addr", "show", "dev", BRIDGES["mgmt"]).stdout
+    addrs = sh("ip", "-br", "-4", "addr", "show", "dev", MGMT_BRIDGE).stdout
     if f"{CONTROL_IP}/24" not in addrs:
-        sh("ip", "addr", "add", f"{CONTROL_IP}/24", "dev", BRIDGES["mgmt"])
+        sh("ip", "addr", "add", f"{CONTROL_IP}/24", "dev", MGMT_BRIDGE)
 
 
 def _ensure_host_net(h: LabHost) -> None:
     if not _ns_exists(h.ns):
         sh("ip", "netns", "add", h.ns)
     sh("ip", "-n", h.ns, "link", "set", "lo", "up")
-    inside = {"mgmt": "mgmt0", "cx8r0": "cx8r0", "cx8r1": "cx8r1"}
+    inside = {"mgmt": "mgmt0", **{name: name for name, _, _ in h.rails}}
+    bridges = bridges_of(h.shape)
     for kind, name in inside.items():
         if not _link_exists(name, h.ns):
             if _link_exists(h.veth(kind)):
                 sh("ip", "link", "del", h.veth(kind))
             sh("ip", "link", "add", h.veth(kind), "type", "veth", "peer", "name", name, "netns", h.ns)
         mtu = "1500" if kind == "mgmt" else str(RAIL_MTU)
-        sh("ip", "link", "set", h.veth(kind), "master", BRIDGES[kind], "mtu", mtu, "up")
+        sh("ip", "link", "set", h.veth(kind), "master", bridges[kind], "mtu", mtu, "up")
         ip = h.mgmt_ip if kind == "mgmt" else h.rail_ip(kind)
         have = sh("ip", "-n", h.ns, "-br", "-4", "addr", "show", "dev", name).stdout
         if f"{ip}/24" not in have:
@@ -514,22 +699,23 @@ def _write_known_hosts(root: Path, hosts: list[LabHost]) -> None:
     for h in hosts:
         entries = []
         for p in hosts:
-            names = ",".join([p.mgmt_ip] + [p.rail_ip(r) for r in RAIL_NETS])
+            names = ",".join([p.mgmt_ip] + [p.rail_ip(r) for r, _, _ in p.rails])
             entries.append(f"{names} {_pub(p.host_key.with_suffix('.pub'))}")
         kh = h.home / ".ssh" / "known_hosts"
         if not kh.exists():  # a host-key-changed fault must not be silently healed here
             kh.write_text("\n".join(entries) + "\n")
 
 
-def _write_inventory(root: Path, hosts: list[LabHost]) -> Path:
+def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200") -> Path:
+    shape = hosts[0].shape
     inv = {
         "all": {
             "vars": {
                 "ansible_user": "root",
                 "ansible_ssh_private_key_file": "id_ed25519",
                 "ssh_known_hosts": "known_hosts",
-                "cluster_serve_rail": "cx8r1",
-                "cluster_gpu_name": "GB300",
+                "cluster_serve_rail": SHAPES[shape]["serve_rail"],
+                "cluster_gpu_name": gpu_model_of(shape, gpu),
                 "model_repo": "nvidia/GLM-5.3-NVFP4",
                 "model_revision": hashlib.sha1(b"railyard lab checkpoint").hexdigest(),
                 "model_path": "~/models/GLM-5.3-NVFP4",
@@ -538,7 +724,8 @@ def _write_inventory(root: Path, hosts: list[LabHost]) -> Path:
                 # veth links report 10000Mb/s; real ConnectX-8 rails report 400000
                 "preflight_link_speed_mbps": 10000,
                 "preflight_disk_margin_gb": 1,
-                "vllm_tensor_parallel_size": len(hosts),  # one GPU per lab host
+                # a station serves on its one GB300 (one rank per host); an hgx8 host on its 8 GPUs
+                "vllm_tensor_parallel_size": len(hosts) if shape == "station" else len(host_shape(shape, gpu, "")["gpus"]),
             },
             "children": {
                 "lab": {
@@ -546,8 +733,7 @@ def _write_inventory(root: Path, hosts: list[LabHost]) -> Path:
                         h.name: {
                             "ansible_host": h.mgmt_ip,
                             "rank": h.index - 1,
-                            "rails": {r: {"hca": hca, "ipv4": f"{h.rail_ip(r)}/24"}
-                                      for r, (_, hca) in RAIL_NETS.items()},
+                            "rails": {r: {"hca": hca, "ipv4": f"{h.rail_ip(r)}/24"} for r, hca, _ in h.rails},
                         } for h in hosts
                     }
                 }

@@ -17,8 +17,6 @@ from ..errors import UsageError
 from . import (SIM_TOOLS, LabError, LabHost, _pid_alive, hosts_of, in_host, lab_dir, lab_host,
                restart_sshd, sh, start_sshd, stop_sshd)
 
-SERVE_RAIL = "cx8r1"
-
 
 def _faults_file(h: LabHost) -> Path:
     return h.state / "faults.json"
@@ -51,39 +49,39 @@ def _remove(h: LabHost, name: str) -> None:
 # ---------------------------------------------------------------- each fault: (inject, heal)
 
 def _rail_ip(h: LabHost) -> str:
-    return f"{h.rail_ip(SERVE_RAIL)}/24"
+    return f"{h.rail_ip(h.serve_rail)}/24"
 
 
 def _mtu(h, value):
     mtu = value or "1500"
     if not mtu.isdigit():
         raise UsageError(f"lab.fault mtu: {mtu!r} is not an MTU")
-    in_host(h, "ip", "link", "set", SERVE_RAIL, "mtu", mtu)
+    in_host(h, "ip", "link", "set", h.serve_rail, "mtu", mtu)
     return mtu
 
 
 def _mtu_heal(h, value):
-    in_host(h, "ip", "link", "set", SERVE_RAIL, "mtu", "9000")
+    in_host(h, "ip", "link", "set", h.serve_rail, "mtu", "9000")
 
 
 def _link_down(h, value):
-    in_host(h, "ip", "link", "set", SERVE_RAIL, "down")
+    in_host(h, "ip", "link", "set", h.serve_rail, "down")
     return "down"
 
 
 def _link_heal(h, value):
-    in_host(h, "ip", "link", "set", SERVE_RAIL, "up")
+    in_host(h, "ip", "link", "set", h.serve_rail, "up")
 
 
 def _no_ip(h, value):
-    in_host(h, "ip", "addr", "flush", "dev", SERVE_RAIL)
+    in_host(h, "ip", "addr", "flush", "dev", h.serve_rail)
     return _rail_ip(h)
 
 
 def _no_ip_heal(h, value):
-    have = in_host(h, "ip", "-br", "-4", "addr", "show", "dev", SERVE_RAIL).stdout
+    have = in_host(h, "ip", "-br", "-4", "addr", "show", "dev", h.serve_rail).stdout
     if _rail_ip(h) not in have:
-        in_host(h, "ip", "addr", "add", _rail_ip(h), "dev", SERVE_RAIL)
+        in_host(h, "ip", "addr", "add", _rail_ip(h), "dev", h.serve_rail)
 
 
 def _gid_index(h, value):
@@ -119,15 +117,34 @@ def _clock_heal(h, value):
     restart_sshd(h)
 
 
+def _shape(h: LabHost) -> dict:
+    try:
+        return json.loads(h.shape_file.read_text())
+    except (OSError, ValueError):
+        raise LabError(f"lab: host {h.name} has no shape file: run `inv lab.up`")
+
+
+def _compute_gpus(h: LabHost) -> list[int]:
+    """Indices (as nvidia-smi numbers them) of the host's compute GPUs, never a display GPU."""
+    return [i for i, g in enumerate(_shape(h)["gpus"]) if not g["display"]]
+
+
 def _gpu_busy(h, value):
-    mib = int(value or 8710)
+    """MIB (on the host's first compute GPU: the GB300 of a station, GPU 0 of an hgx8) or MIB@INDEX."""
+    mib_s, _, idx_s = (value or "8710").partition("@")
+    targets = _compute_gpus(h)
+    if not mib_s.isdigit() or (idx_s and not (idx_s.isdigit() and int(idx_s) in targets)):
+        raise UsageError(f"lab.fault gpu-busy: {value!r}: MIB or MIB@INDEX, INDEX one of "
+                         f"{', '.join(map(str, targets))} (nvidia-smi's numbering)")
+    mib = int(mib_s)
+    index = int(idx_s) if idx_s else targets[0]
     p = subprocess.Popen(["nsenter", "-t", str(_anchor(h)), "-n", "-m", "-u", "--", "/usr/bin/python3", "-c",
                           "import time\nwhile True: time.sleep(3600)"],
                          start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     # without -p, nsenter execs the command itself: p.pid is the python process
-    _write(h, "gpu-busy", json.dumps({"pid": p.pid, "name": "python3", "mib": mib}))
-    return str(mib)
+    _write(h, "gpu-busy", json.dumps({"pid": p.pid, "name": "python3", "mib": mib, "index": index}))
+    return f"{mib}@{index}" if idx_s else str(mib)
 
 
 def _gpu_busy_heal(h, value):
@@ -158,6 +175,16 @@ def _state_choice(kind: str, choices: tuple[str, ...], meaning: str):
         _write(h, kind, v)
         return v
     return inject
+
+
+def _no_gpu(h, value):
+    """gb300: the compute GPUs are gone (a station keeps its display GPU); all: every GPU; N: GPU N fell
+    off the bus (the others are numbered again, as nvidia-smi does)."""
+    v = value or "gb300"
+    if v not in ("gb300", "all") and not (v.isdigit() and int(v) < len(_shape(h)["gpus"])):
+        raise UsageError(f"lab.fault no-gpu: {v!r}: gb300 (only the display GPU left), all, or a GPU index")
+    _write(h, "no-gpu", v)
+    return v
 
 
 def _disk_full(h, value):
@@ -259,9 +286,9 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "gid-index": (_gid_index, _state_heal("gid-index"), "move the RoCE v2 IPv4 GID to index N (odd, default 5), or none"),
     "ntp-unsynced": (_ntp, _state_heal("ntp"), "timedatectl reports the clock not synchronized"),
     "clock-skew": (_clock_skew, _clock_heal, "shift the host's clock by N seconds (default 30, libfaketime)"),
-    "gpu-busy": (_gpu_busy, _gpu_busy_heal, "a live compute process holds N MiB on the GB300 (default 8710)"),
-    "no-gpu": (_state_choice("no-gpu", ("gb300", "all"), "gb300 (only the display GPU left) or all"),
-               _state_heal("no-gpu"), "the GB300 is gone (gb300), or every GPU (all)"),
+    "gpu-busy": (_gpu_busy, _gpu_busy_heal, "a live compute process holds N MiB on the GB300 (default 8710), "
+                 "or on GPU I with N@I"),
+    "no-gpu": (_no_gpu, _state_heal("no-gpu"), "the GB300 is gone (gb300), every GPU (all), or GPU N"),
     "disk-full": (_disk_full, _disk_heal, "put the model directory on a small tmpfs (default 64 MB)"),
     "sshd-down": (_sshd_down, _sshd_heal, "stop the host's sshd"),
     "host-key-changed": (_host_key_changed, _host_key_heal, "give the host a new SSH host key"),

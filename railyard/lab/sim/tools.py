@@ -1,12 +1,14 @@
 #!/usr/bin/python3 -SI
-"""Stand-ins for tools a lab host cannot have: ibdev2netdev, show_gids, nvidia-smi, timedatectl, docker.
+"""Stand-ins for tools a lab host cannot have: ibdev2netdev, show_gids, nvidia-smi, lscpu, timedatectl, docker.
 
 Installed on each lab host's PATH as symlinks to this one file; the name it is called by
 picks the tool. Output formats are copied from real captures (tests/fixtures/real/).
 Where a kernel state exists the output follows it: link state, addresses and MACs come
-from the host's own network namespace (/sys/class/net, `ip`). Faults the kernel cannot
-show (a busy GPU, NTP, Docker) are read from the host's lab state directory,
-$RAILYARD_LAB_HOST_DIR/state. Standard library only: this runs on the test host.
+from the host's own network namespace (/sys/class/net, `ip`). The hardware (GPUs, HCAs,
+CPUs, NUMA nodes) is the host's shape, read from $RAILYARD_LAB_HOST_DIR/shape.json (written
+by `lab.up`). Faults the kernel cannot show (a busy GPU, NTP, Docker) are read from the host's
+lab state directory, $RAILYARD_LAB_HOST_DIR/state; GPU memory held by running processes from
+$RAILYARD_LAB_HOST_DIR/gpu-held. Standard library only: this runs on the test host.
 """
 
 import hashlib
@@ -21,8 +23,25 @@ import time
 HERE = os.path.dirname(os.path.realpath(__file__))
 HOST_DIR = os.environ.get("RAILYARD_LAB_HOST_DIR", "")
 STATE = os.path.join(HOST_DIR, "state")
-# the lab's two rails: RDMA device -> netdev, as on a DGX Station
-HCAS = {"mlx5_0": "cx8r0", "mlx5_1": "cx8r1"}
+HELD = os.path.join(HOST_DIR, "gpu-held")  # one file per live process holding GPU memory: PID.json
+_SHAPE = []
+
+
+def shape():
+    """This host's hardware, as `lab.up` wrote it: GPUs, HCA -> rail netdev, NICs, CPUs and NUMA nodes."""
+    if not _SHAPE:
+        try:
+            with open(os.path.join(HOST_DIR, "shape.json")) as f:
+                _SHAPE.append(json.load(f))
+        except (OSError, ValueError):
+            print("lab: this host has no shape.json (run `inv lab.up`)", file=sys.stderr)
+            sys.exit(70)
+    return _SHAPE[0]
+
+
+def _hcas():
+    """RDMA device -> rail netdev."""
+    return shape()["hcas"]
 
 
 def _lab():
@@ -63,17 +82,68 @@ def _alive(pid):
         return False
 
 
-def _uuid(seed):
-    h = hashlib.sha256(seed.encode()).hexdigest()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+def _start_time(pid):
+    """A process's start time (clock ticks since boot): with the pid, it names one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(") ", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def hold(pid, name, mib, uuid):
+    """Record that process `pid` holds `mib` MiB on the GPU `uuid` (nvidia-smi shows it while it lives)."""
+    os.makedirs(HELD, exist_ok=True)
+    tmp = os.path.join(HELD, f".{pid}.{uuid}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"pid": pid, "start": _start_time(pid), "name": name, "mib": mib, "uuid": uuid}, f)
+    os.replace(tmp, os.path.join(HELD, f"{pid}.{uuid}.json"))
+
+
+def release(pid):
+    for n in _held_files():
+        if n.startswith(f"{pid}."):
+            try:
+                os.unlink(os.path.join(HELD, n))
+            except OSError:
+                pass
+
+
+def _held_files():
+    try:
+        return sorted(os.listdir(HELD))
+    except OSError:
+        return []
+
+
+def held():
+    """Live processes holding GPU memory: [{pid, name, mib, uuid}], oldest first; dead ones are forgotten."""
+    out = []
+    for n in _held_files():
+        if not n.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(HELD, n)) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if _alive(rec["pid"]) and _start_time(rec["pid"]) == rec.get("start"):
+            out.append(rec)
+        else:
+            try:
+                os.unlink(os.path.join(HELD, n))
+            except OSError:
+                pass
+    return sorted(out, key=lambda r: (r.get("start") or 0, r["pid"]))
 
 
 # ---------------------------------------------------------------- ibdev2netdev
 
 def ibdev2netdev(args):
     # real: "mlx5_1 port 1 ==> cx8r1 (Up)", sorted by device name as text
-    for hca in sorted(HCAS):
-        netdev = HCAS[hca]
+    hcas = _hcas()
+    for hca in sorted(hcas):
+        netdev = hcas[hca]
         if _sys(netdev, "operstate") is None:
             continue
         up = _sys(netdev, "operstate") == "up" and _sys(netdev, "carrier") == "1"
@@ -98,8 +168,9 @@ def _mapped(ip):
 def show_gids(args):
     wanted = args[0] if args else None
     rows = []
-    for hca in sorted(HCAS):
-        netdev = HCAS[hca]
+    hcas = _hcas()
+    for hca in sorted(hcas):
+        netdev = hcas[hca]
         if wanted and hca != wanted:
             continue
         mac = _sys(netdev, "address")
@@ -138,32 +209,27 @@ DRIVER = "580.105.08"
 
 
 def _gpus():
-    """(index, name, short name, uuid, bus, total MiB, used MiB, processes)."""
-    host = _host()
+    """The host's GPUs as nvidia-smi numbers them: the shape's GPUs, each with the processes holding
+    memory on it (the gpu-busy fault's process, serving processes) and its memory used."""
     nogpu = _state("no-gpu", "")
-    display = {"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "short": "NVIDIA RTX PRO 6000 Blac...",
-               "uuid": _uuid(host + "display"), "bus": "00000000:01:00.0", "total": 97887, "base": 12,
-               "procs": [(2191, "G", "/usr/lib/xorg/Xorg", 4), (5635, "G", "/usr/bin/gnome-shell", 8)],
-               "power": " 38W /  600W", "fan": "30%", "ecc": "Off", "persist": "Off"}
-    main = {"name": "NVIDIA GB300", "short": "NVIDIA GB300", "uuid": _uuid(host + "gb300"),
-            "bus": "00000008:06:00.0", "total": 284208, "base": 1, "procs": [],
-            "power": "237W / 1400W", "fan": "N/A", "ecc": "0", "persist": "On"}
+    gpus = [dict(g, slot=k, procs=[tuple(p) for p in g["procs"]]) for k, g in enumerate(shape()["gpus"])]
     busy = _state("gpu-busy")
     if busy:
         info = json.loads(busy)
+        idx = info.get("index")
+        target = gpus[idx] if isinstance(idx, int) and idx < len(gpus) else next(g for g in gpus if not g["display"])
         if _alive(info["pid"]):
-            main["procs"].append((info["pid"], "C", info.get("name", "python3"), info.get("mib", 8710)))
-    for name in _all_names():  # serving processes of running containers on this GPU
-        try:
-            with open(os.path.join(_cdir(name), "gpu.json")) as f:
-                held = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if held.get("uuid") == main["uuid"] and _alive(held["pid"]):
-            main["procs"].append((held["pid"], "C", held["name"], held["mib"]))
+            target["procs"].append((info["pid"], "C", info.get("name", "python3"), info.get("mib", 8710)))
+    by_uuid = {g["uuid"]: g for g in gpus}
+    for rec in held():  # serving processes, in containers or on the host itself
+        if rec["uuid"] in by_uuid:
+            by_uuid[rec["uuid"]]["procs"].append((rec["pid"], "C", rec["name"], rec["mib"]))
     if nogpu == "all":
         return []
-    gpus = [display] if nogpu == "gb300" else [display, main]
+    if nogpu == "gb300":  # the compute GPUs are gone; a display GPU stays
+        gpus = [g for g in gpus if g["display"]]
+    elif nogpu.isdigit() and int(nogpu) < len(gpus):
+        del gpus[int(nogpu)]
     for i, g in enumerate(gpus):
         g["index"] = i
         g["used"] = g["base"] + sum(p[3] for p in g["procs"]) + (9 if any(p[1] == "C" for p in g["procs"]) else 0)
@@ -221,7 +287,79 @@ def nvidia_smi(args):
         for g in gpus:
             print(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})")
         return 0
+    if args[:1] == ["topo"]:
+        if not any(a in ("-m", "--matrix") for a in args[1:]):
+            print("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.")
+            return 2
+        _topo(gpus)
+        return 0
     _table(gpus)
+    return 0
+
+
+LEGEND = """Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks"""
+
+
+def _topo(gpus):
+    """`nvidia-smi topo -m`: tab-separated, as the real captures in tests/fixtures/real/nvidia-smi*/ are.
+    GPUs on one NVLink fabric are NV#; a GPU and the NIC on its PCIe switch PIX; else NODE within a NUMA
+    node and SYS across nodes. A GPU row has an empty cell before GPU NUMA ID, a NIC row four empty cells."""
+    sh_ = shape()
+    nics = sh_["nics"]
+    numa_cpus = sh_["lscpu"]["numa"]
+
+    def pci(a, b):
+        return "NODE" if a == b else "SYS"
+
+    head = [f"GPU{i}" for i in range(len(gpus))] + [f"NIC{j}" for j in range(len(nics))]
+    print("\t" + "\t".join(head + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]))
+    for g in gpus:
+        cells = [" X " if o is g else (sh_["nvlink"] if sh_["nvlink"] and not (g["display"] or o["display"])
+                                       else pci(g["numa"], o["numa"])) for o in gpus]
+        cells += ["PIX" if n["near_gpu"] == g["slot"] else pci(g["numa"], n["numa"]) for n in nics]
+        print(f"GPU{g['index']}\t" + "\t".join(cells) + f"\t{numa_cpus[g['numa']]}\t{g['numa']}\t\tN/A")
+    for j, n in enumerate(nics):
+        cells = ["PIX" if n["near_gpu"] == g["slot"] else pci(g["numa"], n["numa"]) for g in gpus]
+        cells += [" X " if m is n else pci(n["numa"], m["numa"]) for m in nics]
+        print(f"NIC{j}\t" + "\t".join(cells) + "\t\t\t\t")
+    print()
+    print(LEGEND)
+    print()
+    print("NIC Legend:")
+    print()
+    for j, n in enumerate(nics):
+        print(f"  NIC{j}: {n['hca']}")
+    print()
+
+
+# ---------------------------------------------------------------- lscpu
+
+def _lscpu_rows():
+    cpu = shape()["lscpu"]
+    rows = [tuple(r) for r in cpu["head"]]
+    rows.append(("NUMA node(s):", str(len(cpu["numa"]))))
+    rows += [(f"NUMA node{i} CPU(s):", cpus) for i, cpus in enumerate(cpu["numa"])]
+    return rows + [tuple(r) for r in cpu["tail"]]
+
+
+def lscpu(args):
+    """util-linux lscpu as it prints to a pipe (one flat list; the label column as wide as the longest
+    label and one space, as in tests/fixtures/real/lscpu/), or with -J/--json."""
+    rows = _lscpu_rows()
+    if any(a in ("-J", "--json") for a in args):
+        print(json.dumps({"lscpu": [{"field": k, "data": v} for k, v in rows]}, indent=3))
+        return 0
+    width = max(len(k) for k, _ in rows) + 1
+    for k, v in rows:
+        print(f"{k:<{width}}{v}")
     return 0
 
 
@@ -404,13 +542,14 @@ def docker(args):
         print("Usage:  docker [OPTIONS] COMMAND")
         return 0
     if args[0] == "version":
-        print(CLIENT)
+        arch = f"linux/{shape()['arch']}"  # the host's own architecture
+        print(CLIENT.replace("linux/arm64", arch))
         err = _daemon_error("version")
         if err:
             print(err, file=sys.stderr)
             return 1
         print()
-        print(SERVER)
+        print(SERVER.replace("linux/arm64", arch))
         return 0
     if args[:2] == ["image", "inspect"]:
         rest = args[2:]
@@ -513,13 +652,14 @@ def _write_state(name, **kw):
 
 
 RUN_SINGLE = {"--name": "name", "--gpus": "gpus", "--network": "network", "--ipc": "ipc", "--shm-size": "shm",
-              "--entrypoint": "entrypoint"}
+              "--entrypoint": "entrypoint", "--cpuset-cpus": "cpuset_cpus", "--cpuset-mems": "cpuset_mems"}
 RUN_MULTI = {"--device": "devices", "--cap-add": "caps", "--ulimit": "ulimits", "-v": "volumes", "--volume": "volumes"}
 
 
 def _parse_run(args):
     opts = {"env": [], "volumes": [], "devices": [], "caps": [], "ulimits": [], "labels": {}, "detach": False,
-            "name": None, "gpus": None, "network": "bridge", "ipc": "", "shm": "", "entrypoint": None, "rm": False}
+            "name": None, "gpus": None, "network": "bridge", "ipc": "", "shm": "", "entrypoint": None, "rm": False,
+            "cpuset_cpus": "", "cpuset_mems": ""}
     with_value = set(RUN_SINGLE) | set(RUN_MULTI) | {"-e", "--env", "--label", "-l", "--env-file", "-w", "--workdir"}
     i = 0
     while i < len(args):
@@ -539,6 +679,9 @@ def _parse_run(args):
             opts["detach"] = True
         elif a == "--rm":
             opts["rm"] = True
+        elif a == "--gpus":
+            opts["gpus"] = v
+            opts["gpu_request"] = _gpu_request(v)
         elif a in RUN_SINGLE:
             opts[RUN_SINGLE[a]] = v
         elif a in RUN_MULTI:
@@ -556,11 +699,109 @@ def _parse_run(args):
     return opts, args[i], args[i + 1:]
 
 
+def _gpu_request(value):
+    """`--gpus` as the docker CLI reads it (cli/opts/gpus.go): the value is one CSV record, so several
+    devices must be quoted inside it: `--gpus '"device=UUID1,UUID2"'` (argv value `"device=UUID1,UUID2"`).
+    Unquoted, `device=0,1` is two fields: device 0 and a bare count 1. Returns a DeviceRequest."""
+    import csv
+    try:
+        fields = next(csv.reader([value], strict=True))
+    except (csv.Error, StopIteration) as e:
+        raise ValueError(f'invalid argument "{value}" for "--gpus" flag: {e}')
+    req = {"Driver": "", "Count": 0, "DeviceIDs": None, "Capabilities": None, "Options": {}}
+    seen = set()
+    for field in fields:
+        key, eq, val = field.partition("=")
+        if key in seen:
+            raise ValueError(f'invalid argument "{value}" for "--gpus" flag: gpu request key \'{key}\' can be '
+                             "specified only once")
+        seen.add(key)
+        if not eq or key == "count":
+            seen.add("count")
+            n = key if not eq else val
+            if n == "all":
+                req["Count"] = -1
+            elif n.lstrip("-").isdigit():
+                req["Count"] = int(n)
+            else:
+                raise ValueError(f'invalid argument "{value}" for "--gpus" flag: count must be an integer: '
+                                 f'strconv.Atoi: parsing "{n}": invalid syntax')
+        elif key == "device":
+            req["DeviceIDs"] = val.split(",")
+        elif key == "driver":
+            req["Driver"] = val
+        elif key == "capabilities":
+            req["Capabilities"] = [val.split(",") + ["gpu"]]
+        elif key != "options":
+            raise ValueError(f'invalid argument "{value}" for "--gpus" flag: unexpected key \'{key}\' in \'{field}\'')
+    if "count" not in seen and req["DeviceIDs"] is None:
+        req["Count"] = 1
+    req["Capabilities"] = req["Capabilities"] or [["gpu"]]
+    return req
+
+
+def _resolve_gpus(req):
+    """The GPUs (UUIDs) a device request gives a container, or the daemon's error."""
+    if req["Count"] != 0 and req["DeviceIDs"]:
+        # moby daemon/nvidia_linux.go: errConflictCountDeviceIDs
+        return None, "cannot set both Count and DeviceIDs on device request."
+    gpus = _gpus()
+    if req["DeviceIDs"] is None:
+        n = len(gpus) if req["Count"] < 0 else req["Count"]
+        return [g["uuid"] for g in gpus[:n]], None
+    out = []
+    for want in req["DeviceIDs"]:
+        g = next((g for g in gpus if want == g["uuid"] or (want.isdigit() and int(want) == g["index"])), None)
+        if g is None:
+            return None, ("failed to create task for container: failed to create shim task: OCI runtime create "
+                          "failed: runc create failed: unable to start container process: error during container "
+                          "init: error running prestart hook #0: exit status 1, stdout: , stderr: Auto-detected "
+                          f"mode as 'legacy'\nnvidia-container-cli: device error: {want}: unknown device: unknown.")
+        out.append(g["uuid"])
+    return out, None
+
+
+def _cpu_list(spec):
+    """`0-55,112-167` -> {0, ..., 55, 112, ..., 167}; ValueError when it is not a list."""
+    out = set()
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        lo, hi = int(a), int(b or a)
+        if lo > hi or lo < 0:
+            raise ValueError(spec)
+        out |= set(range(lo, hi + 1))
+    return out
+
+
+def _check_cpuset(opts):
+    """The daemon's checks of --cpuset-cpus/--cpuset-mems against the host's CPUs and NUMA nodes."""
+    cpu = shape()["lscpu"]
+    have_cpus = set().union(*(_cpu_list(c) for c in cpu["numa"]))
+    have_nodes = set(range(len(cpu["numa"])))
+    for key, have, what, what_s in (("cpuset_cpus", have_cpus, "CPUs", "cpus"),
+                                    ("cpuset_mems", have_nodes, "memory nodes", "mems")):
+        spec = opts[key]
+        if not spec:
+            continue
+        try:
+            want = _cpu_list(spec)
+        except ValueError:
+            return f"Invalid value {spec} for cpuset {what_s}"
+        if not want <= have:
+            avail = f"0-{max(have)}" if have == set(range(max(have) + 1)) else ",".join(map(str, sorted(have)))
+            return f"Requested {what} are not available - requested {spec}, available: {avail}"
+    return None
+
+
 def _run(args):
     try:
         opts, image, cmd = _parse_run(args)
     except ValueError as e:
         print(f"docker: {e}\nSee 'docker run --help'.", file=sys.stderr)
+        return 125
+    bad = _check_cpuset(opts)
+    if bad:
+        print(f"docker: Error response from daemon: {bad}.\nSee 'docker run --help'.", file=sys.stderr)
         return 125
     img = _find_image(image)
     if img is None:
@@ -575,15 +816,11 @@ def _run(args):
               f'container "{existing["Id"]}". You have to remove (or rename) that container to be able to reuse that '
               "name.\nSee 'docker run --help'.", file=sys.stderr)
         return 125
+    given = []
     if opts["gpus"]:
-        want = opts["gpus"].split("=", 1)[1] if opts["gpus"].startswith("device=") else opts["gpus"]
-        uuids = {g["uuid"] for g in _gpus()}
-        if want != "all" and want not in uuids:
-            print(f"docker: Error response from daemon: failed to create task for container: failed to create shim "
-                  f"task: OCI runtime create failed: runc create failed: unable to start container process: error "
-                  f"during container init: error running prestart hook #0: exit status 1, stdout: , stderr: "
-                  f"Auto-detected mode as 'legacy'\nnvidia-container-cli: device error: {want}: unknown device: unknown."
-                  , file=sys.stderr)
+        given, err = _resolve_gpus(opts["gpu_request"])
+        if err:
+            print(f"docker: Error response from daemon: {err}", file=sys.stderr)
             return 125
     cid = hashlib.sha256(f"{name}{time.time()}".encode()).hexdigest()
     entry = [opts["entrypoint"]] if opts["entrypoint"] else img["Config"]["Entrypoint"]
@@ -597,12 +834,14 @@ def _run(args):
                           "Devices": [{"PathOnHost": d, "PathInContainer": d, "CgroupPermissions": "rwm"}
                                       for d in opts["devices"]],
                           "Ulimits": [_ulimit(u) for u in opts["ulimits"]],
-                          "DeviceRequests": [{"Driver": "", "Count": 0, "DeviceIDs": [opts["gpus"].split("=", 1)[-1]],
-                                              "Capabilities": [["gpu"]]}] if opts["gpus"] else None,
+                          "DeviceRequests": [opts["gpu_request"]] if opts["gpus"] else None,
+                          "CpusetCpus": opts["cpuset_cpus"], "CpusetMems": opts["cpuset_mems"],
                           "AutoRemove": opts["rm"]}}
     os.makedirs(os.path.join(_cdir(name), "rootfs", "tmp"), exist_ok=True)
     with open(os.path.join(_cdir(name), "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
+    with open(os.path.join(_cdir(name), "gpus.json"), "w") as f:  # what the container's CUDA sees, in order
+        json.dump(given, f)
     _start(name)
     if opts["detach"]:
         print(cid)
@@ -1034,7 +1273,7 @@ CONTAINER_COMMANDS = {"run": _run, "ps": _ps, "inspect": _inspect_containers, "l
                       "stop": _stop, "start": _start_cmd, "rm": _rm, "container": _container}
 
 
-TOOLS = {"ibdev2netdev": ibdev2netdev, "show_gids": show_gids, "nvidia-smi": nvidia_smi,
+TOOLS = {"ibdev2netdev": ibdev2netdev, "show_gids": show_gids, "nvidia-smi": nvidia_smi, "lscpu": lscpu,
          "timedatectl": timedatectl, "docker": docker}
 
 

@@ -1,6 +1,14 @@
 #!/usr/bin/python3 -SI
-"""Stand-in for `vllm serve` inside a lab container: real sockets, real ordering, vLLM's formats.
+"""Stand-in for `vllm serve`, in a lab container or on a lab host itself: real sockets, real
+processes and ordering, vLLM's formats.
 
+- it sees the GPUs it was given: a container's (`docker run --gpus`), narrowed by
+  CUDA_VISIBLE_DEVICES; on a host, CUDA_VISIBLE_DEVICES or every GPU;
+- it honours the parallel layout (`-tp`, `-pp`, `-dp`, `--enable-expert-parallel`, ...): it refuses
+  a layout larger than its GPUs as vLLM does, starts one engine core process per DP rank and one
+  worker process per GPU, each holding that GPU's memory (nvidia-smi shows them by vLLM's
+  process names), prints each engine's KV cache size computed from its GPU's memory, the memory
+  utilization and the weights, and labels every /metrics series with its engine;
 - rank >= 1 (`--headless`) connects to MASTER_ADDR:--master-port over the lab network and
   waits for the head; rank 0 listens there and is ready only once every worker joined;
 - then each rank writes an NCCL-format log to $NCCL_DEBUG_FILE whose transport follows the
@@ -9,7 +17,8 @@
   was added and memlock is unlimited; otherwise the lines real NCCL prints instead;
 - the head prints vLLM's startup lines and serves /health, /v1/models, /v1/chat/completions
   (also streaming) and /metrics, with the API key from $VLLM_API_KEY;
-- it fails as vLLM does when the GPU is busy or the model directory is not a model.
+- it fails as vLLM does when a GPU is busy or the model directory is not a model, and stops
+  cleanly (its GPUs released) on SIGTERM or SIGINT.
 Standard library only.
 """
 
@@ -30,53 +39,109 @@ HOST_DIR = os.environ.get("RAILYARD_LAB_HOST_DIR", "")
 VERSION = "0.30.0"
 NCCL_VERSION = "2.30.7+cuda13.0"
 START = time.time()
-STATS = {"running": 0, "waiting": 0, "prompt": 0, "generation": 0, "requests": 0, "kv": 0.0,
-         "prefix_q": 0, "prefix_h": 0, "spec_drafts": 0, "spec_accepted": 0}
+SIM_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # LAB/sim
+STAT_KEYS = ("running", "waiting", "prompt", "generation", "requests", "kv", "prefix_q", "prefix_h", "spec_drafts",
+             "spec_accepted")
+STATS = [dict.fromkeys(STAT_KEYS, 0)]  # one per engine (DP rank)
+STATS[0]["kv"] = 0.0
+CHILDREN = []  # engine core and worker processes this process started
 
 
-def log(msg, level="INFO", where="api_server.py:1"):
+def log(msg, level="INFO", where="api_server.py:1", who="APIServer", pid=None):
     stamp = time.strftime("%m-%d %H:%M:%S")
-    print(f"(APIServer pid={os.getpid()}) {level} {stamp} [{where}] {msg}", flush=True)
+    print(f"({who} pid={pid or os.getpid()}) {level} {stamp} [{where}] {msg}", flush=True)
 
 
-def fail(msg, exc="ValueError"):
-    print("Traceback (most recent call last):", flush=True)
-    print('  File "/usr/local/bin/vllm", line 10, in <module>', flush=True)
-    print(f"{exc}: {msg}", flush=True)
+def fail(msg, exc="ValueError", prefix=""):
+    for line in ("Traceback (most recent call last):", '  File "/usr/local/bin/vllm", line 10, in <module>',
+                 f"{exc}: {msg}"):
+        print(prefix + line, flush=True)
+    stop_children()
     sys.exit(1)
 
 
-def parse(argv):
-    args = {"model": None, "port": 8000, "host": None, "nnodes": 1, "node-rank": 0, "master-addr": "127.0.0.1",
+def fail_in(who, pid, msg, exc="ValueError", where="core.py:866"):
+    """An engine core process failing, as vLLM prints it (every line with that process's prefix)."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    p = f"({who} pid={pid}) "
+    for line in ("EngineCore failed to start.", "Traceback (most recent call last):",
+                 '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 857, in '
+                 "run_engine_core", f"{exc}: {msg}"):
+        print(f"{p}ERROR {stamp} [{where}] {line}", flush=True)
+    print(f"{p}Process {who}:", flush=True)
+    print(f"{p}Traceback (most recent call last):", flush=True)
+    print(f"{p}{exc}: {msg}", flush=True)
+    stop_children()
+    print("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+          f"{{'{who}': 1}}", flush=True)
+    sys.exit(1)
+
+
+# vllm serve's short options and their long names (vllm/engine/arg_utils.py)
+ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
+           "ep": "enable-expert-parallel", "dpl": "data-parallel-size-local", "q": "quantization"}
+# flags that take no value: never eat the next word
+SWITCHES = {"headless", "enable-expert-parallel", "async-scheduling", "no-async-scheduling", "trust-remote-code",
+            "enable-prefix-caching", "no-enable-prefix-caching", "enable-prompt-tokens-details",
+            "enable-auto-tool-choice", "disable-custom-all-reduce", "enforce-eager", "enable-eplb", "enable-dbo",
+            "disable-log-requests", "disable-log-stats", "enable-log-requests", "enable-chunked-prefill",
+            "no-enable-chunked-prefill", "enable-elastic-ep", "enable-sleep-mode"}
+INTS = ("port", "nnodes", "node-rank", "master-port", "max-model-len", "tensor-parallel-size",
+        "pipeline-parallel-size", "data-parallel-size", "api-server-count", "max-num-batched-tokens", "block-size",
+        "max-num-seqs", "distributed-timeout-seconds")
+DEFAULTS = {"model": None, "port": 8000, "host": None, "nnodes": 1, "node-rank": 0, "master-addr": "127.0.0.1",
             "master-port": 29501, "headless": False, "served-model-name": None, "max-model-len": 98304,
-            "gpu-memory-utilization": 0.9, "tensor-parallel-size": 1, "distributed-timeout-seconds": 1800}
+            "gpu-memory-utilization": 0.9, "tensor-parallel-size": 1, "pipeline-parallel-size": 1,
+            "data-parallel-size": 1, "enable-expert-parallel": False, "all2all-backend": None,
+            "api-server-count": 1, "async-scheduling": False, "kv-cache-dtype": "auto",
+            "max-num-batched-tokens": 8192, "block-size": 16, "max-num-seqs": 256,
+            "distributed-timeout-seconds": 1800}
+
+
+def parse(argv):
+    """`vllm serve MODEL --flag value --flag=value -tp 8 --switch`, underscores or dashes."""
+    args = dict(DEFAULTS)
+    given = []
     if argv[:1] == ["serve"]:
         argv = argv[1:]
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a.startswith("--"):
-            key = a[2:]
+        if a.startswith("-") and len(a) > 1 and not a[1:2].isdigit():
+            key = a.lstrip("-")
+            val = None
             if "=" in key:
                 key, val = key.split("=", 1)
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                val = argv[i + 1]
-                i += 1
-            else:
-                val = True
+            key = ALIASES.get(key, key).replace("_", "-")
+            if val is None:
+                nxt = argv[i + 1] if i + 1 < len(argv) else None
+                if key not in SWITCHES and nxt is not None and (not nxt.startswith("-") or nxt[1:2].isdigit()):
+                    val = nxt
+                    i += 1
+                else:
+                    val = True
             args[key] = val
+            given.append(key)
         elif args["model"] is None:
             args["model"] = a
         i += 1
-    for k in ("port", "nnodes", "node-rank", "master-port", "max-model-len", "tensor-parallel-size",
-              "distributed-timeout-seconds"):
-        args[k] = int(args[k])
+    for k in INTS:
+        try:
+            args[k] = int(args[k])
+        except (TypeError, ValueError):
+            short = next((s for s, long_ in ALIASES.items() if long_ == k), None)
+            print(f"vllm serve: error: argument --{k}{'/-' + short if short else ''}: invalid int value: "
+                  f"'{args[k]}'", file=sys.stderr)
+            sys.exit(2)
     args["gpu-memory-utilization"] = float(args["gpu-memory-utilization"])
+    args["_given"] = given
     return args
 
 
 def host_path(path):
     """A path inside the container -> where it is on the host (binds from config.json, /tmp private)."""
+    if not CONTAINER:
+        return path  # on the host itself
     with open(os.path.join(CONTAINER, "config.json")) as f:
         binds = json.load(f)["HostConfig"]["Binds"]
     for b in binds:
@@ -88,41 +153,211 @@ def host_path(path):
 
 
 def container_config():
+    if not CONTAINER:  # on the host itself: root, the host's own devices
+        return {"HostConfig": {"CapAdd": ["IPC_LOCK"], "DeviceRequests": None, "Binds": []}}
     with open(os.path.join(CONTAINER, "config.json")) as f:
         return json.load(f)
 
 
-# ---------------------------------------------------------------- GPU
+# ---------------------------------------------------------------- GPUs
 
-def gpu_check(args, cfg):
-    """vLLM refuses to start when another process holds the GPU's memory."""
-    total_gib = 284208 / 1024
-    used = 0.0
-    try:
-        with open(os.path.join(HOST_DIR, "state", "gpu-busy")) as f:
-            busy = json.load(f)
-        if os.path.exists(f"/proc/{busy['pid']}"):
-            used += busy.get("mib", 0) / 1024
-    except (OSError, ValueError):
-        pass
+_TOOLS = []
+
+
+def tools():
+    """The lab's simulated tools (nvidia-smi's view of this host's GPUs and who holds them)."""
+    if not _TOOLS:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("railyard_lab_tools", os.path.join(SIM_DIR, "tools.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _TOOLS.append(mod)
+    return _TOOLS[0]
+
+
+def visible_gpus():
+    """The GPUs this process's CUDA sees, in order: the container's (or the host's), narrowed by
+    CUDA_VISIBLE_DEVICES (indices or UUIDs; CUDA stops at the first entry that names no GPU)."""
+    gpus = tools()._gpus()
+    if CONTAINER:
+        try:
+            with open(os.path.join(CONTAINER, "gpus.json")) as f:
+                given = json.load(f)
+        except (OSError, ValueError):
+            given = []
+        gpus = [g for u in given for g in gpus if g["uuid"] == u]
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return gpus
+    out = []
+    for tok in [t.strip() for t in cvd.split(",") if t.strip()]:
+        g = gpus[int(tok)] if tok.isdigit() and int(tok) < len(gpus) else \
+            next((g for g in gpus if tok.startswith("GPU-") and g["uuid"].startswith(tok)), None)
+        if g is None or g in out:
+            break
+        out.append(g)
+    return out
+
+
+def worker_name(dp, dp_rank, pp, pp_rank, tp, tp_rank, ep):
+    """vLLM's worker process title (vllm/v1/executor/multiproc_executor.py,
+    setup_proc_title_and_log_prefix): Worker[_DPd][_PPp][_TPt][_EPe]."""
+    name = "Worker"
+    if dp > 1:
+        name += f"_DP{dp_rank}"
+    if pp > 1:
+        name += f"_PP{pp_rank}"
+    if tp > 1:
+        name += f"_TP{tp_rank}"
+    if ep:
+        name += f"_EP{dp_rank * tp + tp_rank}"
+    return name
+
+
+def check_world(args, gpus):
+    """vLLM refuses a layout larger than the GPUs it sees. Messages: vllm/config/parallel.py
+    (ParallelConfig.__post_init__, raised inside pydantic's validation, hence the ValidationError) and
+    vllm/v1/engine/utils.py (get_device_indices, one DP rank's slice of the devices)."""
+    tp, pp, dp = args["tensor-parallel-size"], args["pipeline-parallel-size"], args["data-parallel-size"]
+    world = tp * pp
+    if args["nnodes"] == 1 and world * dp > 1 and len(gpus) < world:
+        pre = f"(APIServer pid={os.getpid()}) "
+        inp = (f"ArgsKwargs((), {{'pipeline_parallel_size': {pp}, 'tensor_parallel_size': {tp}, "
+               f"'data_parallel_size': {dp}, 'nnodes': 1, 'node_rank': 0}})")
+        for line in ("Traceback (most recent call last):", '  File "/usr/local/bin/vllm", line 10, in <module>',
+                     "    sys.exit(main())",
+                     "pydantic_core._pydantic_core.ValidationError: 1 validation error for ParallelConfig",
+                     f"  Value error, World size ({world}) is larger than the number of available GPUs "
+                     f"({len(gpus)}) in this node. If this is intentional and you are using:",
+                     "- ray, set '--distributed-executor-backend ray'.",
+                     f"- multiprocessing, set '--nnodes' appropriately. [type=value_error, input_value={inp}, "
+                     "input_type=ArgsKwargs]",
+                     "    For further information visit https://errors.pydantic.dev/2.12/v/value_error"):
+            print(pre + line, flush=True)
+        sys.exit(1)
+    if args["nnodes"] == 1 and dp > 1 and len(gpus) < world * dp:
+        rank = len(gpus) // world  # the first DP rank whose devices are not there
+        base = os.environ.get("CUDA_VISIBLE_DEVICES")
+        fail(f"Error setting CUDA_VISIBLE_DEVICES: local range: [{rank * world}, {(rank + 1) * world}) "
+             f'base value: "{base}"', "Exception", f"(APIServer pid={os.getpid()}) ")
+
+
+def free_check(args, engines):
+    """vLLM refuses to start when another process holds a GPU's memory (vllm/v1/worker/gpu_worker.py,
+    init_device); `cuda:N` is the device as that worker's process numbers it."""
     util = args["gpu-memory-utilization"]
-    free = total_gib - used
-    if free < util * total_gib:
-        fail(f"Free memory on device cuda:0 ({free:.2f}/{total_gib:.2f} GiB) on startup is less than desired GPU "
-             f"memory utilization ({util}, {util * total_gib:.2f} GiB). Decrease GPU memory utilization or reduce "
-             "GPU memory used by other processes.")
+    for e in engines:
+        for local, g in enumerate(e["gpus"]):
+            total_gib = g["total"] / 1024
+            free = total_gib - g["used"] / 1024
+            if free < util * total_gib:
+                msg = (f"Free memory on device cuda:{local} ({free:.2f}/{total_gib:.2f} GiB) on startup is less "
+                       f"than desired GPU memory utilization ({util}, {util * total_gib:.2f} GiB). Decrease GPU "
+                       "memory utilization or reduce GPU memory used by other processes.")
+                if e["dp_size"] > 1:
+                    fail_in(e["name"], e["pid"] or os.getpid(), msg)
+                fail(msg)
 
 
-def hold_gpu(rank):
-    reqs = container_config()["HostConfig"].get("DeviceRequests") or []
-    uuid = reqs[0]["DeviceIDs"][0] if reqs else ""
-    with open(os.path.join(CONTAINER, "gpu.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "name": f"VLLM::Worker_TP{rank}", "mib": 236902, "uuid": uuid}, f)
+def _pdeathsig():
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def spawn(name, gpu=None, mib=0):
+    """A child process titled VLLM::<name> (vLLM's set_process_title), holding `mib` MiB on `gpu` while
+    it lives; it ends with its parent or on SIGTERM, releasing the GPU."""
+    parent = os.getpid()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(w)
+        os.read(r, 1)  # until it holds its GPU
+        os.close(r)
+        CHILDREN.append(pid)
+        return pid
+    os.close(r)
+    _pdeathsig()
+    me = os.getpid()
+    for fd in os.listdir("/proc/self/fd"):  # the parent's sockets are not the worker's
+        if int(fd) > 2 and int(fd) != w:
+            try:
+                os.close(int(fd))
+            except OSError:
+                pass
+
+    def bye(*_):
+        if gpu:
+            tools().release(me)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, bye)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C goes to the whole group: the parent stops us
     try:
         with open("/proc/self/comm", "w") as f:
-            f.write(f"VLLM::Worker_TP{rank}"[:15])
+            f.write(f"VLLM::{name}"[:15])
     except OSError:
         pass
+    if gpu:
+        tools().hold(me, f"VLLM::{name}", mib, gpu["uuid"])
+    os.write(w, b"x")
+    os.close(w)
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    bye()
+
+
+def stop_children():
+    for pid in CHILDREN:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for pid in CHILDREN:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    CHILDREN.clear()
+
+
+def weights_gib(model_dir):
+    """The checkpoint's weights: the index's total_size (or the shards' bytes), in GiB."""
+    try:
+        with open(os.path.join(model_dir, "model.safetensors.index.json")) as f:
+            return json.load(f)["metadata"]["total_size"] / 2 ** 30
+    except (OSError, ValueError, KeyError, TypeError):
+        return sum(os.path.getsize(os.path.join(model_dir, n)) for n in os.listdir(model_dir)
+                   if n.endswith(".safetensors")) / 2 ** 30
+
+
+def kv_bytes_per_token(args, model_dir):
+    """KV cache bytes per token on one GPU: GLM-5.3's MLA cache (78 layers x 576 values, not split by
+    TP) unless config.json says otherwise; one byte per value with an fp8 KV cache, else two."""
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        cfg = {}
+    layers = cfg.get("kv_layers") or 78
+    width = (cfg.get("kv_lora_rank") or 512) + (cfg.get("qk_rope_head_dim") or 64)
+    dtype = 1 if str(args["kv-cache-dtype"]).startswith("fp8") else 2
+    return layers * width * dtype
+
+
+def kv_cache(args, e, weights, per_token):
+    """(available GiB, tokens) of one engine: its GPUs' memory x utilization, less the weights, the
+    activation peak and non-torch memory, which differ a little from rank to rank as on real GPUs."""
+    g = e["gpus"][0]
+    total_gib = g["total"] / 1024
+    jitter = ((e["dp_rank"] * 7 + len(socket.gethostname())) % 5) * 0.0137
+    avail = total_gib * args["gpu-memory-utilization"] - weights - 1.37 - 0.61 - jitter
+    block = args["block-size"]
+    blocks = int(avail * 2 ** 30 // (per_token * block))
+    return avail, blocks * block
 
 
 # ---------------------------------------------------------------- NCCL log
@@ -159,7 +394,7 @@ def nccl_log(rank, nranks, peer_ip):
     hca = os.environ.get("NCCL_IB_HCA", "")
     gid = os.environ.get("NCCL_IB_GID_INDEX", "")
     netdev = _rail_of(ip)
-    hcas = {"mlx5_0": "cx8r0", "mlx5_1": "cx8r1"}
+    hcas = tools().shape()["hcas"]  # this host's rails: RDMA device -> netdev
     has_dev = os.path.exists("/dev/infiniband/uverbs0")  # the container's own /dev
     ipc_lock = "IPC_LOCK" in cfg["HostConfig"]["CapAdd"]
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY
@@ -361,12 +596,13 @@ def make_handler(args, served, key):
                                                    "code": 404}))
             prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
             words = ["The", " two", " stations", " answer", " over", " the", " rail", "."]
-            STATS["requests"] += 1
-            STATS["prompt"] += max(1, len(prompt.split()))
-            STATS["generation"] += len(words)
-            STATS["prefix_q"] += max(1, len(prompt.split()))
-            STATS["spec_drafts"] += 4
-            STATS["spec_accepted"] += 3
+            st = STATS[sum(e["requests"] for e in STATS) % len(STATS)]  # the DP coordinator spreads requests
+            st["requests"] += 1
+            st["prompt"] += max(1, len(prompt.split()))
+            st["generation"] += len(words)
+            st["prefix_q"] += max(1, len(prompt.split()))
+            st["spec_drafts"] += 4
+            st["spec_accepted"] += 3
             rid = f"chatcmpl-{uuidlib.uuid4().hex}"
             usage = {"prompt_tokens": max(1, len(prompt.split())), "total_tokens": max(1, len(prompt.split())) + len(words),
                      "completion_tokens": len(words), "prompt_tokens_details": None}
@@ -400,48 +636,52 @@ def make_handler(args, served, key):
     return Handler
 
 
+METRICS = (  # (name, type, help, STATS key), in vLLM's order
+    ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", "running"),
+    ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "waiting"),
+    ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv"),
+    ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
+     "prefix_q"),
+    ("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", "prefix_h"),
+    ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt"),
+    ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", "generation"),
+    ("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", "spec_drafts"),
+    ("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.", "spec_accepted"),
+)
+
+
 def metrics(served):
+    """Prometheus text: every series once per engine (DP rank), labelled engine="<n>", as vLLM does."""
     m = f'model_name="{served}"'
-    out = [
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-        "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{engine=\"0\",{m}}} {STATS['running']}.0",
-        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-        "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{engine=\"0\",{m}}} {STATS['waiting']}.0",
-        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
-        "# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{{engine=\"0\",{m}}} {STATS['kv']}",
-        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
-        "# TYPE vllm:prefix_cache_queries_total counter",
-        f"vllm:prefix_cache_queries_total{{engine=\"0\",{m}}} {STATS['prefix_q']}.0",
-        "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.",
-        "# TYPE vllm:prefix_cache_hits_total counter",
-        f"vllm:prefix_cache_hits_total{{engine=\"0\",{m}}} {STATS['prefix_h']}.0",
-        "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-        "# TYPE vllm:prompt_tokens_total counter", f"vllm:prompt_tokens_total{{engine=\"0\",{m}}} {STATS['prompt']}.0",
-        "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-        "# TYPE vllm:generation_tokens_total counter",
-        f"vllm:generation_tokens_total{{engine=\"0\",{m}}} {STATS['generation']}.0",
-        "# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.",
-        "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
-        f"vllm:spec_decode_num_draft_tokens_total{{engine=\"0\",{m}}} {STATS['spec_drafts']}.0",
-        "# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.",
-        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
-        f"vllm:spec_decode_num_accepted_tokens_total{{engine=\"0\",{m}}} {STATS['spec_accepted']}.0",
-    ]
+    out = []
+    for name, kind, help_, key in METRICS:
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+        for n, st in enumerate(STATS):
+            v = st[key]
+            out.append(f'{name}{{engine="{n}",{m}}} {v if isinstance(v, float) else f"{v}.0"}')
     return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------- main
 
 def main(argv):
+    if argv[:1] in (["--version"], ["-v"]):
+        print(VERSION)
+        return
     args = parse(argv)
     stop = threading.Event()
 
     def on_term(sig, frame):
+        if stop.is_set():
+            return
         stop.set()
-        log("Shutting down (SIGTERM)", where="launcher.py:80")
-        sys.exit(0)
+        log(f"Shutting down ({signal.Signals(sig).name})", where="launcher.py:80")
+        stop_children()  # the engine cores and workers end; their GPUs are free again
+        sys.stdout.flush()
+        os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
     rank = args["node-rank"]
     served = args["served-model-name"] or args["model"]
     model_dir = host_path(args["model"] or "")
@@ -450,15 +690,42 @@ def main(argv):
              "requirements:\n1. Provide a valid Hugging Face repository ID.\n2. Specify a local directory that "
              "contains a recognized configuration file.\n   - For Hugging Face models: ensure the presence of a "
              "'config.json'.")
-    cfg = container_config()
-    gpu_check(args, cfg)
+    tp, pp, dp, nnodes = (args["tensor-parallel-size"], args["pipeline-parallel-size"], args["data-parallel-size"],
+                          args["nnodes"])
+    ep = bool(args["enable-expert-parallel"])
+    gpus = visible_gpus()
     if rank == 0:
         log(f"vLLM API server version {VERSION}", where="api_server.py:1894")
+        extra = "".join(f", '{k.replace('-', '_')}': {args[k]!r}" for k in (
+            "pipeline-parallel-size", "data-parallel-size", "enable-expert-parallel", "all2all-backend",
+            "api-server-count", "async-scheduling", "kv-cache-dtype", "max-num-batched-tokens")
+            if k in args["_given"])
         log(f"non-default args: {{'model': '{args['model']}', 'served_model_name': ['{served}'], 'nnodes': "
-            f"{args['nnodes']}, 'node_rank': 0, 'tensor_parallel_size': {args['tensor-parallel-size']}}}",
-            where="utils.py:328")
-        peer_sockets = []
-        if args["nnodes"] > 1:
+            f"{nnodes}, 'node_rank': 0, 'tensor_parallel_size': {tp}{extra}}}", where="utils.py:328")
+    if not gpus:  # vllm/config/device.py
+        fail("Failed to infer device type, please set the environment variable `VLLM_LOGGING_LEVEL=DEBUG` to turn "
+             "on verbose logging to help debug the issue.", "RuntimeError", f"(APIServer pid={os.getpid()}) ")
+    if rank == 0:
+        check_world(args, gpus)
+        # vllm/config/scheduler.py and vllm/config/vllm.py
+        log(f"Chunked prefill is enabled with max_num_batched_tokens={args['max-num-batched-tokens']}.",
+            where="scheduler.py:231")
+        if args["async-scheduling"]:
+            log("Asynchronous scheduling is enabled.", where="vllm.py:753")
+    local = max(1, tp * pp // nnodes)  # workers of one engine on this node
+    if local > len(gpus):
+        fail("CUDA error: invalid device ordinal", "torch.AcceleratorError")
+    uniproc = tp * pp * dp * nnodes == 1  # one GPU, no workers: the engine core runs the model itself
+    engines = [{"dp_rank": d, "dp_size": dp, "name": f"EngineCore_DP{d}" if dp > 1 else "EngineCore",
+                "gpus": gpus[d * local:(d + 1) * local], "pid": None, "workers": []}
+               for d in (range(dp) if rank == 0 else range(1))]
+    if rank == 0 and not uniproc:
+        for e in engines:
+            e["pid"] = spawn(e["name"])
+    free_check(args, engines)
+    peer_sockets = []
+    if rank == 0:
+        if nnodes > 1:
             srv, peers = head_rendezvous(args, stop)
             peer_sockets = [c for c, _, _ in peers]
             peer_ip = peers[0][1]
@@ -467,23 +734,44 @@ def main(argv):
     else:
         sock, f = worker_rendezvous(args, stop)
         peer_ip = args["master-addr"]
-    hold_gpu(rank)
-    transport = nccl_log(rank, args["nnodes"], peer_ip)
+    weights = weights_gib(model_dir) / (tp * pp * (dp if ep else 1))
+    util = args["gpu-memory-utilization"]
+    for e in engines:
+        for k, g in enumerate(e["gpus"]):
+            n = rank * local + k  # this worker's rank within its engine
+            name = "EngineCore" if uniproc else worker_name(dp, e["dp_rank"], pp, n // tp, tp, n % tp, ep)
+            pid = spawn(name, g, int(g["total"] * util))
+            if uniproc:
+                e["pid"] = pid
+            e["workers"].append((name, pid))
+    transport = nccl_log(rank, nnodes, peer_ip)
     if transport:
         print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [pynccl.py:70] vLLM is using nccl=={NCCL_VERSION.split('+')[0]}",
               flush=True)
-    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [gpu_model_runner.py:2602] Model loading took 217.94 GiB and "
-          "2.1 seconds", flush=True)
+    for e in engines:
+        for name, pid in e["workers"]:
+            log(f"Model loading took {weights:.2f} GiB and 2.1 seconds", where="gpu_model_runner.py:2602",
+                who=name, pid=pid)
     if rank != 0:
         # a headless worker serves no API; it lives as long as the head does
         while f.readline():
             pass
         print(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [multiproc_executor.py:240] The head closed the "
               "connection; shutting down", flush=True)
+        stop_children()
         sys.exit(1)
-    log("Available KV cache memory: 8.21 GiB", where="gpu_worker.py:298")
-    log("GPU KV cache size: 226,816 tokens", where="kv_cache_utils.py:1087")
-    log(f"Maximum concurrency for {args['max-model-len']:,} tokens per request: 2.31x", where="kv_cache_utils.py:1091")
+    per_token = kv_bytes_per_token(args, model_dir)
+    for e in engines:
+        avail, tokens = kv_cache(args, e, weights, per_token)
+        for name, pid in e["workers"]:
+            log(f"Available KV cache memory: {avail:.2f} GiB", where="gpu_worker.py:298", who=name, pid=pid)
+        if tokens <= 0:  # vllm/v1/core/kv_cache_utils.py
+            fail_in(e["name"], e["pid"], "No available memory for the cache blocks. Try increasing "
+                    "`gpu_memory_utilization` when initializing the engine.", where="core.py:866")
+        log(f"GPU KV cache size: {tokens:,} tokens", where="kv_cache_utils.py:1087", who=e["name"], pid=e["pid"])
+        log(f"Maximum concurrency for {args['max-model-len']:,} tokens per request: "
+            f"{tokens / args['max-model-len']:.2f}x", where="kv_cache_utils.py:1091", who=e["name"], pid=e["pid"])
+    STATS[:] = [dict(dict.fromkeys(STAT_KEYS, 0), kv=0.0) for _ in engines]
     key = os.environ.get("VLLM_API_KEY") or None
     host = args["host"] or "0.0.0.0"
     httpd = ThreadingHTTPServer((host, args["port"]), make_handler(args, served, key))
@@ -501,6 +789,7 @@ def main(argv):
             if not stop.is_set():
                 print(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [multiproc_executor.py:150] A worker process died; "
                       "shutting down the engine", flush=True)
+                stop_children()
                 os._exit(1)
 
     threading.Thread(target=watch_peers, daemon=True).start()
