@@ -31,19 +31,37 @@ def _lab_possible() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def lab_inventory() -> Path:
-    """A healthy two-host lab (A head, B worker); every test leaves it healed."""
+def _need_lab() -> None:
     why = _lab_possible()
     if why:
         if os.environ.get("RAILYARD_REQUIRE_LAB"):
             pytest.fail(f"lab required but unavailable: {why}")
         pytest.skip(f"lab unavailable: {why}")
+
+
+@pytest.fixture(scope="session")
+def lab_inventory() -> Path:
+    """A healthy two-host lab (A head, B worker); every test leaves it healed."""
+    _need_lab()
     from railyard import lab
     from railyard.lab import faults
     path = lab.up(2, log=lambda *_: None)
     faults.heal()
     yield path
+    faults.heal()
+
+
+@pytest.fixture(scope="module")
+def hgx8_inventory(lab_inventory) -> Path:
+    """The lab as two hgx8 hosts (8 x H200 each) for one module; the station lab is back afterwards
+    (lab.up rebuilds the hosts for another shape in about a second; same inventory path)."""
+    from railyard import lab
+    from railyard.lab import faults
+    faults.heal()
+    path = lab.up(2, log=lambda *_: None, shape="hgx8")
+    yield path
+    faults.heal()
+    lab.up(2, log=lambda *_: None)  # the shape every other lab test expects
     faults.heal()
 
 
