@@ -164,3 +164,15 @@ def test_a_station_display_gpu_is_never_chosen():
                                                       "gids": real("show_gids/tpgds-aihub0001_mlx5_0_v1v2.txt")}))
     f = hostfacts.read(s, {"gids"}, 1)
     assert [g.name for g in f.gpus] == ["NVIDIA GB300"]
+
+
+def test_the_cpu_set_comes_from_topo_m_on_a_real_dual_numa_host():
+    inv, _ = hgx_plan()
+    h = inv.hosts[0]
+    gpus = "".join(f"{i}, GPU-{i:08x}-0000-4000-8000-000000000000, NVIDIA H200, 0, 143771\n" for i in range(8))
+    s = FakeSession(h).on(re.compile("^T="), answer({
+        "home": "/root\n", "gpus": gpus, "lscpu": real("lscpu/lscpu_xeon-8481c-2s-224cpu-2numa.txt"),
+        "topo": real("nvidia-smi-topo/topo-m_h100-8gpu-12nic-2numa_hpe-xd670.txt")}))
+    f = hostfacts.read(s, {"topology"}, 8)
+    assert not f.problems
+    assert f.cpus_of(f.gpus[:4]) == "0-55,112-167" and f.cpus_of(f.gpus) == "0-223"

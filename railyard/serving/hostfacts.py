@@ -120,16 +120,20 @@ def read(s: Session, needs: set[str], count: int = 1) -> HostFacts:
 def _gpu_cpus(topo: str, lscpu: str) -> dict[int, list[int]]:
     """GPU index -> CPUs: topo -m's CPU Affinity, or the CPUs lscpu lists for its NUMA Affinity."""
     try:
-        matrix = F.parse_topo_matrix(topo) if topo else None
+        matrix = F.parse_topo_matrix(topo) if topo else {}
         numa = F.parse_lscpu_numa(lscpu) if lscpu else {}
     except F.ParseError:
         return {}
     out: dict[int, list[int]] = {}
-    for g in (matrix.gpus if matrix else []):
-        if g.cpus:
-            out[g.index] = list(g.cpus)
-        elif g.numa is not None and g.numa in numa:
-            out[g.index] = list(numa[g.numa])
+    for index, g in matrix.items():
+        try:
+            cpus = F.parse_cpu_list(g.cpu_affinity) if g.cpu_affinity and g.cpu_affinity != "N/A" else []
+        except (F.ParseError, ValueError):
+            cpus = []
+        if not cpus and g.numa_affinity is not None:
+            cpus = numa.get(g.numa_affinity, [])
+        if cpus:
+            out[index] = cpus
     return out
 
 
