@@ -133,7 +133,7 @@ def verify_rdma(inv: Inventory) -> tuple[LaunchPlan, list[RankVerdict]]:
             return plan, []
         got = runner.each(lambda s: [v for svc in plan.on_host(s.host.name) for v in verify_rank(s, svc)])
     out = []
-    for h in plan.hosts():
+    for h in plan.report_hosts():
         res = got[h]
         out.extend(res if isinstance(res, list) else [RankVerdict(h, "fail", None, False, [], None, [], [str(res.error)])])
     return plan, out
@@ -250,7 +250,7 @@ def health(inv: Inventory) -> tuple[LaunchPlan, list[RankHealth], list[Probe], d
         plan = build_plan(inv, runner, strict=False)
         got = runner.each(lambda s: [_service_health(s, svc) for svc in plan.on_host(s.host.name)])
         ranks = []
-        for h in plan.hosts():
+        for h in plan.report_hosts():
             res = got[h]
             ranks += res if isinstance(res, list) else [
                 RankHealth(h, svc.rank, svc.name, "unreachable", None, None, None, False, [str(res.error)])

@@ -45,12 +45,12 @@ def local_dir(path: str | os.PathLike | None = None) -> Path:
 
 def plan_env(plan: LaunchPlan, runner: Runner) -> list[EnvFile]:
     """Each service's env file, rendered, next to what its host has now (read in parallel)."""
-    services = [s for s in plan.services() if s.env_path]
+    services = [s for s in plan.by_rank() if s.env_path]
 
     def current(s) -> dict[str, str | None]:
         return {svc.name: read_remote(s, svc.env_path) for svc in services if svc.host == s.host.name}
 
-    got = runner.each(current, [runner.session(h).host for h in plan.hosts()])
+    got = runner.each(current, [runner.session(h).host for h in plan.report_hosts()])
     out = []
     for svc in services:
         have = got[svc.host]

@@ -435,7 +435,7 @@ def status(plan: LaunchPlan, runner: Runner) -> list[dict]:
 
     def host_rows(s: Session) -> list[dict]:  # the services of one host, one after another on its session
         out = []
-        for svc in plan.on_host(s.host.name):
+        for svc in (x for x in plan.by_rank() if x.host == s.host.name):
             try:
                 out.append(one(svc))
             except LaunchError as e:
@@ -443,9 +443,9 @@ def status(plan: LaunchPlan, runner: Runner) -> list[dict]:
                             "running": False, "error": str(e)})
         return out
 
-    got = runner.each(host_rows, [runner.session(h).host for h in plan.hosts()])
+    got = runner.each(host_rows, [runner.session(h).host for h in plan.report_hosts()])
     rows = []
-    for h in plan.hosts():
+    for h in plan.report_hosts():
         res = got[h]
         rows += res if isinstance(res, list) else [{"host": h, "rank": svc.rank, "service": svc.name,
                                                     "state": "unreachable", "running": False, "error": str(res.error)}

@@ -181,6 +181,17 @@ class LaunchPlan:
     def services(self) -> list[Service]:
         return [s for st in self.stages for s in st.services]
 
+    def by_rank(self) -> list[Service]:
+        """The services for reports: ranked ones by rank (the head first), then the others in stage order."""
+        return sorted(self.services(), key=lambda s: (s.rank is None, s.rank or 0))
+
+    def report_hosts(self) -> list[str]:
+        seen: list[str] = []
+        for s in self.by_rank():
+            if s.host not in seen:
+                seen.append(s.host)
+        return seen
+
     def service(self, name: str) -> Service:
         for s in self.services():
             if s.name == name:
