@@ -724,8 +724,10 @@ def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200") -> Pat
                 # veth links report 10000Mb/s; real ConnectX-8 rails report 400000
                 "preflight_link_speed_mbps": 10000,
                 "preflight_disk_margin_gb": 1,
-                # a station serves on its one GB300 (one rank per host); an hgx8 host on its 8 GPUs
-                "vllm_tensor_parallel_size": len(hosts) if shape == "station" else len(host_shape(shape, gpu, "")["gpus"]),
+                # a station serves on its one GB300, one rank per host (multinode_tp); an hgx8 host
+                # serves on its 8 GPUs (the one-host layouts, on the host of the group `serve`)
+                **({"vllm_tensor_parallel_size": len(hosts)} if shape == "station" else
+                   {"serve_layout": "single_node_tp", "cluster_gpus_per_host": len(host_shape(shape, gpu, "")["gpus"])}),
             },
             "children": {
                 "lab": {
@@ -736,7 +738,8 @@ def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200") -> Pat
                             "rails": {r: {"hca": hca, "ipv4": f"{h.rail_ip(r)}/24"} for r, hca, _ in h.rails},
                         } for h in hosts
                     }
-                }
+                },
+                **({"serve": {"hosts": {hosts[0].name: None}}} if shape != "station" else {}),
             },
         }
     }

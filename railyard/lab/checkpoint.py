@@ -3,7 +3,7 @@
 Each shard is a valid safetensors file (8-byte header length, JSON header, data) holding
 one U8 tensor of random bytes; `model.safetensors.index.json` maps a few tensor names to
 every shard; `config.json` carries the fields sync-model checks (`architectures`,
-`quantization_config.quant_algo`). A `.cache/huggingface/` directory is added, as
+`quantization_config.quant_algo`) and the attention and MoE fields `inv plan` reads. A `.cache/huggingface/` directory is added, as
 `hf download --local-dir` leaves one, to prove it is never copied or compared.
 """
 
@@ -51,11 +51,16 @@ def write_checkpoint(root: Path, size_gb: float, shards: int, seed: int = 53) ->
         weight_map[f"model.layers.{i - 1}.input_layernorm.weight"] = name
     (root / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
-    (root / "config.json").write_text(json.dumps({
+    (root / "config.json").write_text(json.dumps({  # GLM-5's attention and MoE fields, one layer per shard
         "architectures": ["GlmMoeDsaForCausalLM"],
         "model_type": "glm_moe_dsa",
         "hidden_size": 6144,
         "num_hidden_layers": shards,
+        "num_attention_heads": 64, "num_key_value_heads": 64, "kv_lora_rank": 512, "q_lora_rank": 2048,
+        "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256, "index_head_dim": 128,
+        "index_n_heads": 32, "index_topk": 2048, "n_routed_experts": 256, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 2048, "intermediate_size": 12288, "vocab_size": 154880,
+        "first_k_dense_replace": 0, "num_nextn_predict_layers": 0,
         "torch_dtype": "bfloat16",
         "quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
                                 "kv_cache_quant_algo": "FP8"},
