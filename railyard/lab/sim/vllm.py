@@ -236,6 +236,8 @@ def check_world(args, gpus):
             print(pre + line, flush=True)
         sys.exit(1)
     if args["nnodes"] == 1 and dp > 1 and len(gpus) < world * dp:
+        # vLLM raises this when CUDA_VISIBLE_DEVICES lists too few devices for the DP ranks; without it (a
+        # container) the rank's engine core fails in CUDA itself a little later: the lab says it this one way
         rank = len(gpus) // world  # the first DP rank whose devices are not there
         base = os.environ.get("CUDA_VISIBLE_DEVICES")
         fail(f"Error setting CUDA_VISIBLE_DEVICES: local range: [{rank * world}, {(rank + 1) * world}) "
