@@ -47,6 +47,9 @@ CLUSTER_WIDE = (
     "vllm_port", "vllm_master_port", "vllm_tensor_parallel_size", "preflight_mtu",
 )
 
+# The values serve_layout takes; each is a module of railyard/serving/layouts.
+LAYOUTS = ("multinode_tp", "single_node_tp", "dp_ep")
+
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 IFACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 HCA_RE = re.compile(r"^[A-Za-z0-9_]{1,32}$")
@@ -541,7 +544,6 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         bad("vllm_image", "must be pinned by digest: name:tag@sha256:<64 hex>")
     if not REVISION_RE.match(values["model_revision"]):
         bad("model_revision", "must be a pinned 40-hex commit hash")
-    from .serving.layouts import LAYOUTS
     if values["serve_layout"] not in LAYOUTS:
         bad("serve_layout", f"unknown layout (one of: {', '.join(LAYOUTS)})")
     if values["sync_verify"] not in ("size", "content"):

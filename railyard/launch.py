@@ -14,8 +14,7 @@ from .errors import LaunchError, UsageError
 from .inventory import Inventory
 from .ops import envfiles
 from .ops import launch as ops
-from .ops.containers import log_tail  # noqa: F401  (re-exported for the lab tests and verify)
-from .ops.launch import LaunchReport, StopResult  # noqa: F401
+from .ops.launch import LaunchReport, StopResult
 from .render import script
 from .render.docker import run_line
 from .runner import Runner

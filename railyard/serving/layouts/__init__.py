@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ...errors import InventoryError, Problem
-from ...inventory import Host, Inventory
+from ...inventory import LAYOUTS, Host, Inventory
 from ..hostfacts import HostFacts
 from ..spec import LaunchPlan
 
@@ -28,7 +28,7 @@ class Layout(Protocol):
     def plan(self, inv: Inventory, facts: dict[str, HostFacts], order: str | None = None) -> LaunchPlan: ...
 
 
-LAYOUTS = ("multinode_tp", "single_node_tp", "dp_ep")
+__all__ = ["LAYOUTS", "Layout", "get", "validated"]
 
 
 def get(inv: Inventory) -> Layout:
