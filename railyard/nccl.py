@@ -9,6 +9,10 @@ else fails with a reason and a fix. Not fooled by:
 - line prefixes (timestamps, `[1,12]<stdout>:`, `(RayWorkerWrapper pid=..., ip=...)`, empty hostnames);
 - external net plugins (`NET/IBext_v10/1`, `GPU Direct RDMA (DMABUF) enabled`);
 - a net plugin that fails to load (`plugin/net.cc:118 -> 2`) before NCCL's own IB takes over.
+
+`judge_intranode` is the one-host judge (`inv nccl-check` on single_node_tp and dp_ep): the ranks of
+one host pass only on channels via P2P/... (CUMEM, IPC, direct pointer, read or not) or NVLink SHARP
+(NVLS) in use, with no channel via SHM or NET, one node and no `NCCL WARN`.
 """
 
 from __future__ import annotations
@@ -152,3 +156,168 @@ def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankV
         reasons.append(f"error return trace {t} (fix: read the WARN before it; NCCL_DEBUG_SUBSYS=ALL shows more)")
     verdict = "pass" if not reasons else "fail"
     return RankVerdict(source, verdict, transport, gdrdma, hcas, version, warnings, reasons)
+
+
+# ---------------------------------------------------------------- one host: the intra-node transport
+#
+# On one host NCCL should move an all-reduce GPU to GPU: over NVLink (or PCIe) peer-to-peer, or
+# through the NVSwitch with NVLink SHARP (NVLS). The formats, from NCCL's sources
+# (src/transport/p2p.cc, shm.cc, net.cc, nvls.cc, init.cc, graph/paths.cc, v2.4 to 2.30):
+#   Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read        (also P2P/CUMEM, P2P/IPC[/read], P2P/MNNVL,
+#   Channel 00/0 : 7[7] -> 6[6] via P2P/direct pointer     P2P/indirect/3[3], /CE; 2.7-2.12: `Channel 00 :
+#   Ring 00 : 3[3] -> 1[1] via P2P/IPC                     0[87000] -> ...`, 2.4: `Ring 00 : ...`)
+#   Channel 00 : 0[1] -> 1[2] via SHM/direct/direct        (2.30: `via SHM/direct`; <= 2.12: `via direct
+#                                                            shared memory`): through host memory
+#   Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0    (ranks of one host over the network)
+#   NVLS comm 0x... headRank 3 nHeads 8 ...; `24 coll channels, ..., 16 nvls channels, ...`
+#   NCCL_P2P_DISABLE set by environment to 1; NCCL_P2P_LEVEL set by environment to LOC;
+#   P2P is disabled between connected GPUs 1 and 2. (NVML: no P2P, e.g. ACS or the IOMMU)
+
+_LOCAL_CHANNEL = re.compile(r"\b(?:Channel|Ring) \d+(?:/\d+)? ?: (\d+)(?:\[[0-9a-fA-Fx]+\])? -> (\d+)"
+                            r"(?:\[[0-9a-fA-Fx]+\])?(?: \[(?:send|receive)\])? via (.+?)\s*$")
+_RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]$")
+_LOCAL_RANKS = re.compile(r"\blocalRanks (\d+)")
+_NVLS_COMM = re.compile(r"\bNVLS comm 0x[0-9a-fA-F]+ headRank")
+_NVLS_CHANNELS = re.compile(r"\b(\d+) nvls channels")
+_ENV_SET = re.compile(r"\b(NCCL_P2P_DISABLE|NCCL_P2P_LEVEL|NCCL_SHM_DISABLE) set by environment to (\S+?)\.?$")
+_P2P_OFF_HW = re.compile(r"P2P is disabled between (?:NVLINK )?connected GPUs (\d+) and (\d+)")
+
+INTRA_HINTS = {
+    "p2p_disable": "NCCL_P2P_DISABLE=1 is set (vllm_extra_env, the image's environment or /etc/nccl.conf): remove it; "
+                   "GPUs of one host must talk peer-to-peer",
+    "p2p_level": "NCCL_P2P_LEVEL={level} limits peer-to-peer (LOC turns it off): unset it",
+    "p2p_hw": "the driver reports no peer-to-peer between GPUs {pair}: PCIe ACS or the IOMMU blocks peer traffic "
+              "(disable ACS on the PCIe switches, boot with iommu=pt), or on an NVSwitch system "
+              "nvidia-fabricmanager is not running (systemctl status nvidia-fabricmanager); "
+              "`nvidia-smi topo -p2p r` must say OK between every pair",
+    "shm": "NCCL found no peer-to-peer path between these GPUs: `nvidia-smi topo -m` should show NV# between them and "
+           "`nvidia-smi topo -p2p r` OK; check nvidia-fabricmanager on NVSwitch systems, ACS/IOMMU on PCIe systems, "
+           "and that every rank runs in one container with --ipc host",
+    "net": "ranks of one host went through the network: peer-to-peer and shared memory are both off or impossible "
+           "({set}): unset them, and run every rank in one container with --ipc host",
+    "nnodes": "NCCL counted {n} nodes: the ranks do not share one host identity (separate containers or network "
+              "namespaces, NCCL_HOSTID); run them in one container with --network host --ipc host",
+    "nochannel": "no channel line in the log: NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS including INIT, at least 2 "
+                 "ranks, and a collective that ran",
+    "shm_space": "/dev/shm is too small for NCCL's buffers: run the container with --ipc host (or a larger "
+                 "--shm-size)",
+}
+
+
+@dataclass
+class IntraVerdict:
+    """The intra-node transport of one host's ranks, judged from their (merged) NCCL log."""
+
+    source: str
+    verdict: str                  # pass | fail
+    transport: str | None         # P2P | SHM | NET/Socket | ... (the worst seen) | None: no channel seen
+    paths: list[str]              # the distinct `via` paths: P2P/CUMEM/read, SHM/direct/direct, ...
+    channels: dict[str, int]      # channel lines per kind: {"P2P": 96, "SHM": 0, ...}
+    nvls: bool                    # NVLink SHARP in use (NVLS buffers, or nvls channels > 0)
+    local_ranks: int | None       # localRanks NCCL reported (the largest)
+    nodes: int | None             # nNodes NCCL reported (the largest)
+    nccl_version: str | None
+    env: dict[str, str]           # NCCL_P2P_DISABLE / NCCL_P2P_LEVEL / NCCL_SHM_DISABLE as NCCL echoed them
+    warnings: list[str]
+    reasons: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _kind(path: str) -> str:
+    if path.startswith("P2P/"):
+        return "P2P"
+    if path.startswith("SHM") or path == "direct shared memory":
+        return "SHM"
+    if path.startswith("NET/"):
+        return "NET/" + path.split("/")[1]
+    return path.split("/")[0]
+
+
+def _intra_warn_hint(msg: str) -> str:
+    low = msg.lower()
+    if "shared memory" in low or "/dev/shm" in low or "no space left" in low:
+        return INTRA_HINTS["shm_space"]
+    m = _P2P_OFF_HW.search(msg)
+    if m:
+        return INTRA_HINTS["p2p_hw"].format(pair=f"{m.group(1)} and {m.group(2)}")
+    return _warn_hint(msg)
+
+
+def judge_intranode(text: str, source: str) -> IntraVerdict:
+    """Pass only on positive evidence that the ranks of one host reduce GPU to GPU: channels via P2P/...
+    (or NVLS in use), none via SHM or NET, one node, no NCCL WARN. Every failure names the fix."""
+    version = None
+    m = _VERSION.search(text)
+    if m:
+        version = m.group(1)
+    nodes = max((int(n) for n in _NNODES.findall(text)), default=None)
+    local = max((int(n) for n in _LOCAL_RANKS.findall(text)), default=None)
+    counts: dict[str, int] = {}
+    paths: list[str] = []
+    env: dict[str, str] = {}
+    warnings: list[str] = []
+    p2p_off_pairs: list[str] = []
+    nvls = False
+    for level, msg, _line in _messages(text):
+        msg = _RAY_REPEAT.sub("", msg)
+        c = _LOCAL_CHANNEL.search(msg)
+        if c:
+            path = c.group(3)
+            if path.startswith("P2P/indirect/"):
+                path = "P2P/indirect"
+            elif path.startswith("NET/"):
+                path = path.split()[0]  # RCCL appends `comm 0x... nRanks 02`
+            kind = _kind(path)
+            counts[kind] = counts.get(kind, 0) + 1
+            if path not in paths:
+                paths.append(path)
+        if _NVLS_COMM.search(msg):
+            nvls = True
+        n = _NVLS_CHANNELS.search(msg)
+        if n and int(n.group(1)) > 0:
+            nvls = True
+        e = _ENV_SET.search(msg)
+        if e:
+            env[e.group(1)] = e.group(2)
+        h = _P2P_OFF_HW.search(msg)
+        if h and f"{h.group(1)} and {h.group(2)}" not in p2p_off_pairs:
+            p2p_off_pairs.append(f"{h.group(1)} and {h.group(2)}")
+        if level in ("WARN", "ERROR") and msg not in warnings:
+            warnings.append(msg)
+    kinds = [k for k in counts if k != "P2P"]
+    transport = None if not counts else (
+        next((k for k in kinds if k.startswith("NET/")), None) or ("SHM" if "SHM" in kinds else None)
+        or (kinds[0] if kinds else "P2P"))
+    reasons: list[str] = []
+
+    def why_not_p2p() -> str:
+        if env.get("NCCL_P2P_DISABLE") == "1":
+            return INTRA_HINTS["p2p_disable"]
+        if env.get("NCCL_P2P_LEVEL"):
+            return INTRA_HINTS["p2p_level"].format(level=env["NCCL_P2P_LEVEL"])
+        if p2p_off_pairs:
+            return INTRA_HINTS["p2p_hw"].format(pair=", ".join(p2p_off_pairs))
+        return INTRA_HINTS["shm"]
+
+    if nodes is not None and nodes > 1:
+        reasons.append(f"NCCL counted {nodes} nodes, not one host (fix: {INTRA_HINTS['nnodes'].format(n=nodes)})")
+    if not counts and not nvls:
+        reasons.append(f"no channel seen (fix: {INTRA_HINTS['nochannel']})")
+    total = sum(counts.values())
+    if counts.get("SHM"):
+        reasons.append(f"{counts['SHM']} of {total} channel(s) via SHM (host shared memory), not GPU peer-to-peer "
+                       f"(fix: {why_not_p2p()})")
+    seen = ", ".join(f"{k}={v}" for k, v in env.items() if not (k == "NCCL_P2P_DISABLE" and v == "0"))
+    for k in kinds:
+        if k.startswith("NET/"):
+            fix = INTRA_HINTS["net"].format(set=f"{seen} set" if seen else
+                                            "NCCL_P2P_DISABLE, NCCL_P2P_LEVEL or NCCL_SHM_DISABLE")
+            reasons.append(f"{counts[k]} of {total} channel(s) via {k} between ranks of one host (fix: {fix})")
+        elif k != "SHM":
+            reasons.append(f"{counts[k]} of {total} channel(s) via {k}, not peer-to-peer (fix: {why_not_p2p()})")
+    for w in warnings:
+        reasons.append(f"NCCL WARN {w} (fix: {_intra_warn_hint(w)})")
+    return IntraVerdict(source, "pass" if not reasons else "fail", transport, paths, counts, nvls, local, nodes,
+                        version, env, warnings, reasons)

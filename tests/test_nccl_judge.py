@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from railyard.nccl import judge
+from railyard.nccl import judge, judge_intranode
 
 from .conftest import REAL, inv_cmd
 
@@ -124,3 +124,67 @@ def test_cli_judges_local_files_without_ssh_json_contract():
     assert ok.returncode == 0 and "PASS" in ok.stdout
     missing = inv_cmd("verify-rdma", "--log", "/nonexistent/nccl.log")
     assert missing.returncode == 2 and "--log /nonexistent/nccl.log" in missing.stderr
+
+
+# ---------------------------------------------------------------- one host: the intra-node judge
+
+def intra(name):
+    path = PUB / name
+    return judge_intranode(path.read_text(errors="replace"), str(path))
+
+
+@pytest.mark.parametrize("name,path,ranks", [
+    ("vllm-tp2-one-host_p2p-cumem_nccl2.28.9.log", "P2P/CUMEM", 2),
+    ("l20-8gpu-one-process_p2p-level-sys_p2p-direct-pointer_fragments.log", "P2P/direct pointer", 8),
+])
+def test_one_host_passes_on_peer_to_peer_channels(name, path, ranks):
+    v = intra(name)
+    assert (v.verdict, v.transport, v.paths, v.local_ranks, v.nodes) == ("pass", "P2P", [path], ranks, 1), v.reasons
+    assert v.channels.get("SHM", 0) == 0 and not v.warnings
+
+
+def test_one_host_vllm_on_h100_with_nvls_channels_passes():
+    v = intra("vllm-h100-4gpu-docker_p2p-cumem_16-nvls-channels_fragments.log")
+    assert (v.verdict, v.transport, v.paths, v.nvls) == ("pass", "P2P", ["P2P/CUMEM"], True)
+    assert v.channels == {"P2P": 18}
+
+
+def test_nvls_buffers_alone_count_as_nvlink_sharp():
+    v = intra("vllm-nvls-comm-line_fragment.log")
+    assert (v.verdict, v.nvls, v.transport) == ("pass", True, None)
+
+
+def test_p2p_disabled_falls_back_to_shm_and_fails_naming_the_variable():
+    v = intra("vllm-tp2-one-host_p2p-disabled_shm-direct_nccl2.28.9.log")
+    assert (v.verdict, v.transport, v.paths, v.nvls) == ("fail", "SHM", ["SHM/direct/direct"], False)
+    assert v.env == {"NCCL_P2P_DISABLE": "1"} and v.channels == {"SHM": 4}
+    assert v.reasons == ["4 of 4 channel(s) via SHM (host shared memory), not GPU peer-to-peer (fix: NCCL_P2P_DISABLE=1 "
+                         "is set (vllm_extra_env, the image's environment or /etc/nccl.conf): remove it; GPUs of one "
+                         "host must talk peer-to-peer)"]
+    # the trap: NCCL's own lines of two processes spliced into one, and a second communicator cut short
+    assert "send 0.000proxmox:1495820:1495820 [1] NCCL INFO ENV/Plugin" in (PUB / "vllm-tp2-one-host_p2p-disabled_"
+                                                                           "shm-direct_nccl2.28.9.log").read_text()
+
+
+def test_shm_without_a_variable_points_at_the_hardware_path():
+    v = intra("l20-8gpu-one-process_default_shm-direct_fragments.log")
+    assert (v.verdict, v.transport, v.channels) == ("fail", "SHM", {"SHM": 11})
+    assert "nvidia-smi topo -p2p r" in v.reasons[0] and "--ipc host" in v.reasons[0]
+
+
+def test_net_between_ranks_of_one_host_fails_naming_what_turned_p2p_and_shm_off():
+    v = intra("a100-nccl2.7.6_busid-channel-format_fragments.log")  # 4 ranks of one host, every channel NET/IB
+    assert (v.verdict, v.transport, v.channels) == ("fail", "NET/IB", {"NET/IB": 12})
+    assert v.env == {"NCCL_P2P_LEVEL": "LOC", "NCCL_SHM_DISABLE": "1"}
+    assert "between ranks of one host" in v.reasons[0] and "NCCL_P2P_LEVEL=LOC, NCCL_SHM_DISABLE=1 set" in v.reasons[0]
+
+
+def test_a_two_node_log_is_not_a_one_host_pass():
+    v = intra("vllm-ray-2node-8xib-gdrdma_nccl2.21.5_ray-prefix-dedup.log")
+    assert v.verdict == "fail" and v.nodes == 2 and "P2P/IPC/read" in v.paths
+    assert v.reasons[0].startswith("NCCL counted 2 nodes, not one host")
+
+
+def test_no_channel_line_is_never_a_pass():
+    v = intra("horovod-nccl2.4.7_socket-using-at-init-then-net-ib_fragment.log")
+    assert v.verdict == "fail" and v.transport is None and "no channel seen" in v.reasons[0]
