@@ -83,6 +83,10 @@ def test_dp_ep_reports_the_kv_cache_of_every_dp_rank_and_every_engine_in_metrics
     assert kv["min"] == min(kv["per_rank"].values()) and 0 <= kv["spread"] < 0.2
     text = inv_cmd("health", "-i", str(clean), *args).stdout
     assert "KV tokens per DP rank" in text and "engine labels 0, 1, 2, 3, 4, 5, 6, 7" in text
+    again = inv_cmd("launch", "-i", str(clean), *args)
+    assert again.returncode == 0 and "already running with this configuration" in again.stdout
+    assert inv_cmd("stop", "-i", str(clean), *args).returncode == 0
+    assert on("A", "nvidia-smi --query-compute-apps=pid --format=csv,noheader").stdout == ""
 
 
 def test_a_busy_gpu_fails_the_launch_with_vllms_message_and_names_the_engine(clean):
