@@ -355,6 +355,8 @@ def nccl_check(inventory: str | None = None, sizes: str | None = None, timeout: 
     if json_out:
         return report.print_json()
     con = console()
+    if hasattr(rep, "local_ranks"):
+        return _nccl_one_host_out(con, rep, report)
     con.print(verdict_table(rep.ranks, "nccl-check: transport per rank"))
     b = Table(title="all-reduce (slowest rank per size)", title_justify="left")
     for c in ("size", "time", "algbw", "busbw", "of the link"):
@@ -368,6 +370,25 @@ def nccl_check(inventory: str | None = None, sizes: str | None = None, timeout: 
     frac = "-" if rep.link_fraction is None else f"{rep.link_fraction * 100:.0f} %"
     con.print(Text(f"{'OK' if report.ok else 'FAILED'}: largest size reached {frac} of {rep.link_speed_mbps} Mb/s "
                    f"(threshold {rep.threshold * 100:.0f} %); probe containers removed on "
+                   f"{', '.join(rep.removed) or 'none'}", style="bold green" if report.ok else "bold red"))
+    return report.exit_code
+
+
+def _nccl_one_host_out(con, rep, report) -> int:
+    from rich.table import Table
+    from .report import checks_table
+    con.print(checks_table(report.checks, f"nccl-check: {rep.local_ranks} GPUs of {rep.host} ({rep.layout})"))
+    b = Table(title=f"all-reduce across {rep.local_ranks} GPUs (slowest rank per size)", title_justify="left")
+    for c in ("size", "time", "algbw", "busbw"):
+        b.add_column(c, justify="right")
+    for s in rep.sizes:
+        b.add_row(_size(s.bytes), f"{s.time_ms:.3f} ms", f"{s.algbw_gbs:.2f} GB/s", f"{s.busbw_gbs:.2f} GB/s")
+    con.print(b)
+    busbw = f"{rep.sizes[-1].busbw_gbs:.1f} GB/s" if rep.sizes else "-"
+    how = rep.transport.transport if rep.transport and rep.transport.transport else (
+        "NVLS" if rep.transport and rep.transport.nvls else "no transport seen")
+    con.print(Text(f"{'OK' if report.ok else 'FAILED'}: {how}, largest size's bus bandwidth {busbw} "
+                   f"(threshold {rep.min_busbw_gbs:g} GB/s); probe container removed on "
                    f"{', '.join(rep.removed) or 'none'}", style="bold green" if report.ok else "bold red"))
     return report.exit_code
 

@@ -12,7 +12,8 @@ false exactly when a check failed; warn and skip never fail. A check about no si
 (the all-reduce bandwidth, a capacity plan) has host "-". `data` keeps everything the task
 measured: preflight `{}`; status `ranks`; health `ranks`, `probes`, `metrics`; verify-rdma
 `ranks` (and `skipped`, `layout` for a one-host layout); nccl-check `ranks`, `sizes`,
-`link_fraction`, `threshold`, `link_speed_mbps`, `errors`, `removed`; sync-model `source`,
+`link_fraction`, `threshold`, `link_speed_mbps`, `errors`, `removed` (one host: `layout`, `host`,
+`local_ranks`, `transport`, `sizes`, `min_busbw_gbs`, `errors`, `removed`); sync-model `source`,
 `verify`, `hosts`, ...; plan `model`, `assumptions`, `layouts` (plan also keeps those three
 at the top level: its own contract, docs/plan.md). `health --watch --json` prints one such
 document per round, each on one line.
@@ -222,9 +223,71 @@ def rdma_report(verdicts: list, skipped: str | None = None, skip_host: str = NO_
     return Report(checks, {"ranks": [v.as_dict() for v in verdicts]})
 
 
+def p2p_checks(verdict, host: str) -> list[CheckResult]:
+    """A `p2p` check for one host's ranks: pass only on channels via P2P (or NVLS in use), never SHM or NET."""
+    v = verdict
+    chans = ", ".join(f"{k} {n}" for k, n in v.channels.items()) or "none"
+    ev = (f"{v.source}: localRanks {v.local_ranks if v.local_ranks is not None else '?'}, nNodes "
+          f"{v.nodes if v.nodes is not None else '?'}, channels {chans}, NVLS {'yes' if v.nvls else 'no'}, "
+          f"NCCL {v.nccl_version or '?'}")
+    if v.verdict == PASS:
+        how = ", ".join(v.paths) or "NVLink SHARP"
+        return [CheckResult(host, "p2p", PASS, f"GPU to GPU: {sum(v.channels.values())} channel(s) via {how}"
+                            + ("; NVLink SHARP (NVLS) in use" if v.nvls and v.paths else ""), ev)]
+    what, fixes = [], []
+    for reason in v.reasons or ["no verdict"]:
+        m = _FIX.match(reason)
+        what.append(m.group(1) if m else reason)
+        if m and m.group(2) not in fixes:
+            fixes.append(m.group(2))
+    return [CheckResult(host, "p2p", FAIL, "; ".join(what), ev, "; ".join(fixes))]
+
+
+def nccl_one_host_report(rep) -> Report:
+    """nccl-check on one host: `probe` (every local rank finished), `p2p` (the intra-node transport) and
+    `bandwidth` (the largest size's bus bandwidth against nccl_check_min_busbw_gbs_intranode), all on
+    the engine's host."""
+    h = rep.host
+    checks = []
+    if rep.errors:
+        checks.append(CheckResult(h, "probe", FAIL, "; ".join(e[len(h) + 2:] if e.startswith(f"{h}: ") else e
+                                                              for e in rep.errors), "",
+                                  "the p2p row's log says more; inv status (a running engine holds the GPUs), "
+                                  "then inv nccl-check again"))
+    elif not rep.sizes:
+        checks.append(CheckResult(h, "probe", FAIL, "no all-reduce result from the probe", "", "inv nccl-check again"))
+    else:
+        checks.append(CheckResult(h, "probe", PASS, f"the all-reduce finished on {rep.local_ranks} local ranks: "
+                                                    f"{len(rep.sizes)} size(s)"))
+    if rep.transport is not None:
+        checks += p2p_checks(rep.transport, h)
+    else:
+        checks.append(CheckResult(h, "p2p", FAIL, "no NCCL log was judged"))
+    thr = rep.min_busbw_gbs
+    if not rep.sizes:
+        checks.append(CheckResult(h, "bandwidth", FAIL, "no all-reduce result to measure", "", "see the probe row"))
+    else:
+        big = rep.sizes[-1]
+        ev = f"{big.bytes} bytes in {big.time_ms:.3f} ms: algbw {big.algbw_gbs:.2f} GB/s, busbw {big.busbw_gbs:.2f} GB/s"
+        good = big.busbw_gbs >= thr
+        checks.append(CheckResult(h, "bandwidth", PASS if good else FAIL,
+                                  f"largest size's bus bandwidth {big.busbw_gbs:.1f} GB/s across {rep.local_ranks} "
+                                  f"GPUs (threshold {thr:g} GB/s)", ev,
+                                  "" if good else "judge at 1G (a small size is latency-bound); a transport other "
+                                  "than P2P (p2p row) is slower; nvidia-smi nvlink -s (links down or slow), "
+                                  "nvidia-smi topo -m (NV# between every pair), nvidia-fabricmanager on NVSwitch "
+                                  "systems; on A100/H800 or PCIe servers lower nccl_check_min_busbw_gbs_intranode"))
+    data = {k: v for k, v in rep.as_dict().items() if k != "ok"}
+    data["removed"] = list(rep.removed)
+    return Report(checks, data)
+
+
 def nccl_report(rep) -> Report:
     """nccl-check: a `probe` check per rank (the all-reduce finished), its `rdma` verdict, and one
-    `bandwidth` check: the largest size's bus bandwidth against the threshold share of the link."""
+    `bandwidth` check: the largest size's bus bandwidth against the threshold share of the link.
+    On one host (a OneHostReport): nccl_one_host_report."""
+    if hasattr(rep, "local_ranks"):
+        return nccl_one_host_report(rep)
     hosts = list(dict.fromkeys(_host_of(v.source) for v in rep.ranks))
     left = list(rep.errors)
     checks = []
