@@ -18,7 +18,11 @@ processes and ordering, vLLM's formats.
 - the head prints vLLM's startup lines and serves /health, /v1/models, /v1/chat/completions
   (also streaming) and /metrics, with the API key from $VLLM_API_KEY;
 - it fails as vLLM does when a GPU is busy or the model directory is not a model, and stops
-  cleanly (its GPUs released) on SIGTERM or SIGINT.
+  cleanly (its GPUs released) on SIGTERM or SIGINT;
+- as `nccl_probe.py` (the image's python3 hands it over) it follows the probe's contract: over the
+  rail between hosts, or with `--local-ranks N` as N ranks of one host on the container's GPUs,
+  printing NCCL's intra-node lines (P2P/CUMEM/read and NVLS on an hgx8 host; SHM/direct when
+  NCCL_P2P_DISABLE=1; NET/Socket when shared memory is off too) and modeled NVLink bus bandwidths.
 Standard library only.
 """
 
@@ -802,16 +806,23 @@ def main(argv):
 
 def probe_main(argv):
     """scripts/nccl_probe.py in a lab container: the same rendezvous and output lines, with the
-    bytes really sent over the lab's rail (TCP between the two network namespaces), timed."""
-    sizes = "1M"
+    bytes really sent over the lab's rail (TCP between the two network namespaces), timed.
+    `--local-ranks N`: N ranks of one host (local_probe)."""
+    sizes, local, timeout = "1M", 0, 300
     for i, a in enumerate(argv):
         if a == "--sizes" and i + 1 < len(argv):
             sizes = argv[i + 1]
+        elif a == "--local-ranks" and i + 1 < len(argv):
+            local = int(argv[i + 1])
+        elif a == "--timeout" and i + 1 < len(argv):
+            timeout = int(argv[i + 1])
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     todo = []
     for s in sizes.split(","):
         s = s.strip().upper().rstrip("B").rstrip("I")
         todo.append(int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s))
+    if local:
+        sys.exit(local_probe(local, todo, timeout))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
 
@@ -875,6 +886,179 @@ def probe_main(argv):
         s.sendall(b"ok\n")
         t = float(f.readline())
         emit(bytes=size, time_s=t, algbw_gbs=size / t / 1e9, busbw_gbs=size / t / 1e9 * 2 * (world - 1) / world)
+
+
+# ---------------------------------------------------------------- the probe's N local ranks
+
+# The bus bandwidth (GB/s) an 8-GPU all-reduce reaches at large sizes, and the latency (s) that rules
+# small ones. P2P on H200 (NVLink 4, NVSwitch): nccl-tests on 8 x H100 SXM measured 365-370 GB/s with
+# the ring and up to 480 GB/s with NVLink SHARP (NVIDIA/nccl#1455); H200 has the same NVLink. B200's
+# NVLink 5 carries twice as much per GPU (1.8 TB/s against 900 GB/s). SHM stages every byte through
+# host memory over PCIe (a few to ~15 GB/s); NET/Socket between ranks of one host is a TCP loopback
+# (the H200 capture in tests/fixtures/real/h200-validation: 1.86 GB/s). Modeled, not measured: the
+# lab has no NVLink.
+LOCAL_BUSBW = {("P2P", "H200"): (365.0, 18e-6), ("NVLS", "H200"): (470.0, 22e-6),
+               ("P2P", "B200"): (730.0, 16e-6), ("NVLS", "B200"): (900.0, 20e-6),
+               ("SHM", None): (14.0, 45e-6), ("NET/Socket", None): (2.0, 120e-6)}
+
+
+def _local_transport(n):
+    """(transport, nvls) as NCCL would pick them for n ranks of this host, from its environment."""
+    env = os.environ
+    if env.get("NCCL_P2P_DISABLE") == "1" or env.get("NCCL_P2P_LEVEL", "").upper() == "LOC":
+        return ("NET/Socket" if env.get("NCCL_SHM_DISABLE") == "1" else "SHM"), False
+    nvls = bool(tools().shape().get("nvlink")) and n > 2 and env.get("NCCL_NVLS_ENABLE", "2") != "0"
+    return "P2P", nvls
+
+
+def _local_nccl_log(rank, n, gpus, transport, nvls):
+    """What NCCL 2.30 prints (NCCL_DEBUG=INFO, INIT,ENV,P2P,SHM,NET) for one of n ranks of this host;
+    formats from NCCL's sources (init.cc, transport/p2p.cc, shm.cc, net.cc, nvls.cc, graph/paths.cc)."""
+    if os.environ.get("NCCL_DEBUG", "").upper() != "INFO":
+        return []
+    pid = os.getpid()
+    host = socket.gethostname()
+    p = f"{host}:{pid}:{pid} [{rank}] NCCL INFO "
+    g = gpus[rank]
+    dev = g.get("index", rank)
+    bus = g["bus"].split(":", 1)[1].replace(":", "").replace(".", "").lstrip("0").lower() or "0"
+    comm = f"0x{0x55d0c0de0000 + rank * 0x10000:x}"
+    env = os.environ
+    lines = [p + "cudaDriverVersion 13000", p + f"NCCL version {NCCL_VERSION}",
+             p + "NET/Plugin: Could not find: libnccl-net.so", p + "NET/IB : No device found.",
+             p + "Failed to initialize NET plugin IB", p + "Using network Socket",
+             p + f"[Rank {rank}] ncclCommInitRankConfig comm {comm} rank {rank} nranks {n} cudaDev {rank} nvmlDev {dev} "
+                 f"busId {bus} commId 0x1f2e3d4c5b6a7988 - Init START"]
+    if env.get("NCCL_P2P_DISABLE") == "1":
+        lines.append(p + "NCCL_P2P_DISABLE set by environment to 1")
+    elif env.get("NCCL_P2P_LEVEL"):
+        lines.append(p + f"NCCL_P2P_LEVEL set by environment to {env['NCCL_P2P_LEVEL'].upper()}")
+    if env.get("NCCL_SHM_DISABLE") == "1":
+        lines.append(p + "NCCL_SHM_DISABLE set by environment to 1.")
+    lines.append(p + f"NVLS multicast support is {'' if nvls else 'not '}available on dev {rank}")
+    lines.append(p + f"comm {comm} rank {rank} nRanks {n} nNodes 1 localRanks {n} localRank {rank} MNNVL 0")
+    nvls_ch = 16 if nvls else 0
+    lines.append(p + f"24 coll channels, 24 collnet channels, {nvls_ch} nvls channels, 32 p2p channels, "
+                     "32 p2p channels per peer")
+    peers = [(rank + 1) % n, (rank - 1) % n]
+    for ch in range(4):
+        for q in peers:
+            qd = gpus[q].get("index", q)
+            if transport == "P2P":
+                lines.append(p + f"Channel {ch:02d}/0 : {rank}[{dev}] -> {q}[{qd}] via P2P/CUMEM/read")
+            elif transport == "SHM":
+                lines.append(p + f"Channel {ch:02d} : {rank}[{dev}] -> {q}[{qd}] via SHM/direct")
+            else:
+                lines.append(p + f"Channel {ch:02d}/0 : {rank}[{dev}] -> {q}[{qd}] [send] via NET/Socket/0")
+                lines.append(p + f"Channel {ch:02d}/0 : {q}[{qd}] -> {rank}[{dev}] [receive] via NET/Socket/0")
+    lines.append(p + "Connected all rings, use ring PXN 0 GDR 1")
+    if nvls:
+        lines.append(p + f"NVLS comm {comm} headRank {rank} nHeads {n} nvlsRanks {n} buffSize 1048576 "
+                         f"nvlsPerRankSize 33554432 nvlsTotalSize {33554432 * n}")
+    lines.append(p + f"ncclCommInitRankConfig comm {comm} rank {rank} nranks {n} cudaDev {rank} nvmlDev {dev} "
+                     f"busId {bus} commId 0x1f2e3d4c5b6a7988 - Init COMPLETE")
+    return lines
+
+
+def _local_rank(rank, n, gpus, todo, timeout):
+    """One rank: its GPU, the rendezvous at MASTER_ADDR:MASTER_PORT (rank 0 holds it, as torch's TCPStore
+    does), NCCL's lines, then per size the modeled time, in step with the other ranks."""
+    def emit(**kw):
+        print(json.dumps(dict(railyard_probe=1, rank=rank, **kw)), flush=True)
+
+    if rank >= len(gpus):  # what torch.cuda.set_device says (seen on a real H200, one GPU, rank 1)
+        emit(error="AcceleratorError: CUDA error: invalid device ordinal\nGPU device may be out of range, do you have "
+                   "enough GPUs?\n")
+        return 1
+    addr = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29511")))
+    if rank == 0:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(addr)
+        srv.listen(n)
+        srv.settimeout(timeout)
+        peers = []
+        try:
+            while len(peers) < n - 1:
+                peers.append(srv.accept()[0].makefile("rwb", buffering=0))
+        except socket.timeout:
+            emit(error=f"DistStoreError: Timed out after {timeout} seconds waiting for clients. {len(peers) + 1}/{n} "
+                       "clients joined.")
+            return 1
+    else:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                conn = socket.create_connection(addr, timeout=2)
+                conn.settimeout(None)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    emit(error=f"DistNetworkError: failed to connect to {addr[0]}:{addr[1]}")
+                    return 1
+                time.sleep(0.1)
+        f = conn.makefile("rwb", buffering=0)
+    transport, nvls = _local_transport(n)
+    lines = _local_nccl_log(rank, n, gpus, transport, nvls)
+    if lines:
+        print("\n".join(lines), flush=True)
+    model = next((m for m in ("H200", "B200") if m in gpus[0]["name"]), "H200")
+    key = (("NVLS" if nvls else "P2P"), model) if transport == "P2P" else (transport, None)
+    busbw, latency = LOCAL_BUSBW[key]
+    for size in todo:
+        if rank == 0:  # every size starts together and ends with the slowest rank
+            for c in peers:
+                c.write(b"go\n")
+        elif f.readline() != b"go\n":
+            emit(error="DistBackendError: rank 0 went away")
+            return 1
+        t = latency + size * 2 * (n - 1) / n / (busbw * 1e9)
+        t *= 1 + 0.003 * ((rank * 7 + size.bit_length()) % 5)
+        time.sleep(t)
+        if rank == 0:
+            for c in peers:
+                c.readline()
+        else:
+            f.write(b"done\n")
+        algbw = size / t / 1e9
+        emit(bytes=size, time_s=t, algbw_gbs=algbw, busbw_gbs=algbw * 2 * (n - 1) / n)
+    return 0
+
+
+def local_probe(n, todo, timeout):
+    """`nccl_probe.py --local-ranks N` in a lab container: N processes, rank i on the container's GPU i
+    (CUDA_VISIBLE_DEVICES order); when one fails the others are stopped, as the real probe does."""
+    gpus = visible_gpus()
+    pids = []
+    for rank in range(n):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _local_rank(rank, n, gpus, todo, timeout)
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        pids.append(pid)
+    codes = {}
+    stopped = False
+    while len(codes) < n:
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        if not stopped and any(c != 0 for c in codes.values()):
+            time.sleep(0.5)
+            for pid in pids:
+                if pid not in codes:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+            stopped = True
+        time.sleep(0.02)
+    return 1 if any(codes.values()) else 0
 
 
 if __name__ == "__main__":
