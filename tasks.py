@@ -123,7 +123,7 @@ def health(c, inventory=None, json=False, watch=None, set_=None):
                                "timeout": "seconds the probe may run (default: nccl_check_timeout_s)",
                                "json": JSON, "set": SET}, iterable=["set_"])
 def nccl_check(c, inventory=None, sizes=None, timeout=None, json=False, set_=None):
-    """All-reduce across the ranks over the rail in short-lived containers: transport and bandwidth, before launch."""
+    """All-reduce in short-lived containers before launch, over the rail (two stations) or across the GPUs of one host: transport and bandwidth."""
     cli.nccl_check(inventory, sizes, _num(timeout, "--timeout"), json, set_)
 
 
