@@ -385,8 +385,9 @@ def _nccl_one_host_out(con, rep, report) -> int:
         b.add_row(_size(s.bytes), f"{s.time_ms:.3f} ms", f"{s.algbw_gbs:.2f} GB/s", f"{s.busbw_gbs:.2f} GB/s")
     con.print(b)
     busbw = f"{rep.sizes[-1].busbw_gbs:.1f} GB/s" if rep.sizes else "-"
-    how = rep.transport.transport if rep.transport and rep.transport.transport else (
-        "NVLS" if rep.transport and rep.transport.nvls else "no transport seen")
+    t = rep.transport
+    how = " + ".join(x for x in ((t.transport if t else None), ("NVLS" if t and t.nvls else None)) if x) or \
+        "no transport seen"
     con.print(Text(f"{'OK' if report.ok else 'FAILED'}: {how}, largest size's bus bandwidth {busbw} "
                    f"(threshold {rep.min_busbw_gbs:g} GB/s); probe container removed on "
                    f"{', '.join(rep.removed) or 'none'}", style="bold green" if report.ok else "bold red"))
