@@ -83,7 +83,9 @@ def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool
 def start(inv: Inventory, rank_order: str | None, timeout: float | None, console) -> LaunchReport:
     with _runner(inv) as runner:
         plan = build_plan(inv, runner, rank_order, strict=False)
-        return ops.start(plan, runner, float(timeout or inv.head.vars["vllm_start_timeout_s"]), console)
+        rep = ops.start(plan, runner, float(timeout or inv.head.vars["vllm_start_timeout_s"]), console)
+        rep.plan = plan
+        return rep
 
 
 def stop(inv: Inventory) -> list[StopResult]:
