@@ -104,3 +104,26 @@ def test_the_two_station_layout_has_no_script(tmp_path):
     r = inv_cmd("launch-script", "-i", str(ROOT / "inventory" / "dgx-stations.yml"), "--out", str(tmp_path))
     assert r.returncode == 2 and "runs 2 services" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "launch_server.sh").exists()
+
+
+def test_hostile_values_stay_values(tmp_path):
+    canary = tmp_path / "pwned"
+    hostile = f"a'b \"c\" ; touch {canary} $(touch {canary}) `touch {canary}`"
+    extra = json.dumps(["--x;touch " + str(canary), hostile, "--flag$(id)"])
+    r = inv_cmd("launch-script", "-i", str(HGX), "--out", str(tmp_path / "s"), "--set", f"vllm_extra_args={extra}",
+                "--set", f"vllm_extra_env={{X_EXTRA: {json.dumps(hostile)}}}")
+    assert r.returncode == 0, r.stderr
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text(RECORDER)
+    (bin_dir / "vllm").chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out = run(tmp_path / "s" / "launch_server.sh", bin_dir, PORT=8000, MODEL_PATH=model)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    argv = doc["argv"]
+    i = argv.index("--x;touch " + str(canary))
+    assert argv[i + 1] == hostile and "--flag$(id)" in argv and doc["env"]["X_EXTRA"] == hostile
+    assert not canary.exists()
