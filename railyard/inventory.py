@@ -55,6 +55,7 @@ IFACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 HCA_RE = re.compile(r"^[A-Za-z0-9_]{1,32}$")
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?@sha256:[0-9a-f]{64}$")
 REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?$")
 
@@ -550,6 +551,8 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
     bad_env = [k for k in values["vllm_extra_env"] if not isinstance(k, str) or not ENV_NAME_RE.match(k)]
     if bad_env:
         bad("vllm_extra_env", f"{bad_env[0]!r} is not an environment variable name (letters, digits, _)")
+    if values["vllm_cpuset"] not in ("", "auto") and not CPUSET_RE.match(str(values["vllm_cpuset"])):
+        bad("vllm_cpuset", 'must be "auto", "" or a CPU list like 0-55,112-167')
     if values["sync_verify"] not in ("size", "content"):
         bad("sync_verify", "must be size or content")
     if not all(isinstance(a, str) for a in values["model_architectures"]):

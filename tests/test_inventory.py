@@ -106,6 +106,7 @@ def test_merge_vars_reports_where_a_value_came_from():
     (lambda d: hosts(d)["B"]["rails"]["cx8r1"].update(hca="mlx5 1"), "not an RDMA device name"),
     (lambda d: hosts(d)["B"]["rails"]["cx8r1"].pop("hca"), "hosts.B.rails.cx8r1.hca: missing"),
     (lambda d: d["all"].update(hostz={}), "all.hostz = {}: unknown key in a group"),
+    (lambda d: d["all"]["vars"].update(vllm_cpuset="0-3;reboot"), "vllm_cpuset = '0-3;reboot': must be \"auto\""),
     (lambda d: d["all"]["vars"].update(vllm_extra_env={"A;touch x": "1"}),
      "'A;touch x' is not an environment variable name"),
 ])
