@@ -81,6 +81,12 @@ def launch_script(c, inventory=None, out=None, set_=None):
 
 
 @task(help={"inventory": INVENTORY, "set": SET}, iterable=["set_"])
+def unlock(c, inventory=None, set_=None):
+    """Remove the operator lock on the head (launch, start, stop and sync-model take it), naming its owner."""
+    cli.unlock(inventory, set_)
+
+
+@task(help={"inventory": INVENTORY, "set": SET}, iterable=["set_"])
 def stop(c, inventory=None, set_=None):
     """Stop the services in reverse start order (the head first; docker stop --timeout 60); confirm the GPUs are free."""
     cli.stop(inventory, set_)
@@ -175,7 +181,8 @@ def lab_ssh(c, host):
 
 
 lab = Collection("lab", lab_up, lab_down, lab_fault, lab_heal, lab_checkpoint, lab_ssh)
-ns = Collection(preflight, trust_hosts, sync_model, env, launch, launch_script, start, stop, status, logs, verify_rdma, health,
+ns = Collection(preflight, trust_hosts, sync_model, env, launch, launch_script, start, stop, unlock, status, logs,
+                verify_rdma, health,
                 nccl_check, lab)
 
 

@@ -262,6 +262,17 @@ def launch_script(inventory: str | None = None, out: str | None = None, override
 
 
 @entry
+def unlock(inventory: str | None = None, overrides=None) -> int:
+    from .launch import unlock as run
+    from .ops.lock import lock_host
+    inv = _inventory(inventory, overrides)
+    holder = run(inv)
+    host = lock_host(inv).name
+    console().print(f"{host}: removed the lock of {holder.describe()}" if holder else f"{host}: no lock was held")
+    return 0
+
+
+@entry
 def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, json_out: bool = False,
                 overrides=None) -> int:
     from .report import NO_HOST

@@ -14,7 +14,9 @@ from .errors import LaunchError, UsageError
 from .inventory import Inventory
 from .ops import envfiles
 from .ops import launch as ops
+from .ops import lock
 from .ops.launch import LaunchReport, StopResult
+from .ops.lock import HeadLock
 from .render import script
 from .render.docker import run_line
 from .runner import Runner
@@ -52,6 +54,10 @@ def _runner(inv: Inventory) -> Runner:
     return Runner(layouts.get(inv).hosts(inv))
 
 
+def locked(inv: Inventory, runner: Runner, command: str) -> HeadLock:
+    return HeadLock(runner.session(lock.lock_host(inv)), command)
+
+
 def env(inv: Inventory, check: bool) -> tuple[list[envfiles.EnvFile], list[str]]:
     """Render every service's env file into env/ and, unless check, onto the hosts where it changed."""
     with _runner(inv) as runner:
@@ -75,7 +81,8 @@ def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool
                 rep.hint = f"note: the env files are not current on {', '.join(stale)} (run `inv env`)"
             rep.plan = plan
             return rep
-        rep = ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, console)
+        with locked(inv, runner, "inv launch"):
+            rep = ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, console)
         rep.plan = plan
         return rep
 
@@ -83,14 +90,17 @@ def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool
 def start(inv: Inventory, rank_order: str | None, timeout: float | None, console) -> LaunchReport:
     with _runner(inv) as runner:
         plan = build_plan(inv, runner, rank_order, strict=False)
-        rep = ops.start(plan, runner, float(timeout or inv.head.vars["vllm_start_timeout_s"]), console)
+        with locked(inv, runner, "inv start"):
+            rep = ops.start(plan, runner, float(timeout or inv.head.vars["vllm_start_timeout_s"]), console)
         rep.plan = plan
         return rep
 
 
 def stop(inv: Inventory) -> list[StopResult]:
     with _runner(inv) as runner:
-        return ops.stop(build_plan(inv, runner, strict=False), runner)
+        plan = build_plan(inv, runner, strict=False)
+        with locked(inv, runner, "inv stop"):
+            return ops.stop(plan, runner)
 
 
 def status(inv: Inventory) -> list[dict]:
@@ -108,6 +118,13 @@ def logs(inv: Inventory, rank: str | None, follow: bool, lines: int | None, writ
     if r.error:
         raise LaunchError(f"{host.name}: {r.error.kind}: {r.error.message}")
     return 0 if r.rc == 0 else 1
+
+
+def unlock(inv: Inventory) -> lock.Holder | None:
+    """Remove the operator lock, whoever holds it; the holder it had."""
+    host = lock.lock_host(inv)
+    with Runner([host]) as runner:
+        return lock.unlock(runner.session(host))
 
 
 def launch_script(inv: Inventory, out_dir: str) -> Path:

@@ -24,6 +24,7 @@ from pathlib import Path
 from . import checks as C
 from .errors import UsageError
 from .inventory import Host, Inventory
+from .ops.lock import HeadLock, lock_host
 from .preflight import ssh_peer_section
 from .probe import joined_script, new_token, split_output
 from .runner import Runner
@@ -403,6 +404,14 @@ def _peer_check(runner: Runner, source: Host, targets: list[Host]) -> C.CheckRes
 
 
 def sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
+    if opts.dry_run:
+        return _sync_model(inv, opts, console)
+    host = lock_host(inv)
+    with Runner([host]) as lr, HeadLock(lr.session(host), "inv sync-model"):
+        return _sync_model(inv, opts, console)
+
+
+def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
     source, targets = _targets(inv, opts)
     v = dict(source.vars)
     mode = opts.verify or v["sync_verify"]

@@ -202,3 +202,19 @@ def test_launch_refuses_stale_env_files(clean):
     with pytest.raises(LaunchError, match="not current on B: run `inv env`"):
         launch(inv(clean), None, False, False, 60, False, None)
     assert "No such" in on("B", f"docker inspect {NAME}").stderr
+
+
+def test_a_second_operator_is_refused_while_the_head_is_locked(clean):
+    d = home("A") / ".cache" / "railyard" / "lock"
+    d.mkdir(parents=True)
+    (d / "owner").write_text(json.dumps({"user": "alice", "machine": "bastion-2", "pid": 4242,
+                                         "since": "2026-12-01T08:00:00Z", "command": "inv launch"}))
+    for verb in ("launch", "stop", "sync-model"):
+        r = inv_cmd(verb, "-i", str(clean))
+        assert r.returncode == 1 and "A is locked by alice@bastion-2 (pid 4242, `inv launch`" in r.stderr, r.stderr
+    assert "No such" in on("A", f"docker inspect {NAME}").stderr  # nothing started
+    r = inv_cmd("unlock", "-i", str(clean))
+    assert r.returncode == 0 and "removed the lock of alice@bastion-2" in r.stdout and not d.exists()
+    r = inv_cmd("launch", "-i", str(clean), "--timeout", "60")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not d.exists()  # released after the launch

@@ -75,6 +75,7 @@ def _fresh(inv_path):
     remove_containers(NAME, *ONE_HOST)
     for h in ("A", "B"):
         shutil.rmtree(home(h) / "models", ignore_errors=True)
+        shutil.rmtree(home(h) / ".cache" / "railyard" / "lock", ignore_errors=True)
         (home(h) / "glm53.env").unlink(missing_ok=True)
     write_checkpoint(home("A") / "models" / "GLM-5.3-NVFP4", 0.002, 2)
 
@@ -120,6 +121,12 @@ def _setup(d, inv_path):
             if "Application startup complete" in on("A", f"docker logs {NAME}").stdout:
                 break
             time.sleep(0.5)
+    if "lock" in d:  # another operator's run holds the head
+        user, machine = d["lock"].split("@")
+        lockdir = home("A") / ".cache" / "railyard" / "lock"
+        lockdir.mkdir(parents=True)
+        (lockdir / "owner").write_text(json.dumps({"user": user, "machine": machine, "pid": 4242,
+                                                   "since": "2026-12-01T08:00:00Z", "command": "inv launch"}))
     if "fault" in d:
         host, kind, *value = d["fault"].split()
         faults.fault(host, kind, value[0] if value else None)
