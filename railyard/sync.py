@@ -218,7 +218,7 @@ def remote_dest(path: str) -> str:
 def rsync_command(src_path: str, target: Host, dest_path: str, mode: str, cipher: str, bwlimit_mbps: int) -> Sh:
     """One rsync stream, run on the source; the file list arrives on stdin (NUL-separated)."""
     ssh = cmd("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "Compression=no", "-c", cipher)
-    argv = ["rsync", "-aH", "--no-compress", "--inplace", "--partial", "--protect-args", "--from0", "--files-from=-",
+    argv = ["rsync", "-aH", "--copy-links", "--no-compress", "--inplace", "--partial", "--protect-args", "--from0", "--files-from=-",
             "--exclude", EXCLUDE, "--stats", "--info=progress2", "--no-human-readable"]
     argv += {"whole": ["--whole-file"], "append": ["--append-verify"], "repair": ["--whole-file", "--ignore-times"]}[mode]
     if bwlimit_mbps:

@@ -205,3 +205,23 @@ def test_usage_errors_exit_2(fresh):
     for args in (["--to", "A"], ["--verify", "md5"], ["--to", "Z"], ["--streams", "0"]):
         r = inv_cmd("sync-model", "-i", str(fresh), *args)
         assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_a_hugging_face_cache_snapshot_is_copied_as_real_files_and_verified(lab_inventory, tmp_path):
+    from .test_sync_unit import hf_snapshot
+    home_a, home_b = (lab_dir() / "hosts" / h / "home" for h in ("A", "B"))
+    snap = hf_snapshot(tmp_path)
+    shutil.copytree(tmp_path / "hub", home_a / "hub", symlinks=True)
+    rel = "~/" + str((home_a / "hub").joinpath(snap.relative_to(tmp_path / "hub")).relative_to(home_a))
+    try:
+        r = inv_cmd("sync-model", "-i", str(lab_inventory), "--set", f"model_path={rel}", timeout=180)
+        assert r.returncode == 0 and "OK: copies equal" in r.stdout, r.stdout + r.stderr
+        assert "download" not in r.stdout.lower()
+        target = home_b / rel[2:]
+        copied = {p.relative_to(target) for p in target.rglob("*") if p.is_file() and ".cache" not in p.parts}
+        assert {p.relative_to(snap) for p in snap.rglob("*") if p.is_file()} <= copied
+        assert not any(p.is_symlink() for p in target.rglob("*"))  # real files, not links into a cache B lacks
+        assert (target / "original" / "params v2 (draft).json").read_text() == '{"dim": 1}'
+    finally:
+        shutil.rmtree(home_a / "hub", ignore_errors=True)
+        shutil.rmtree(home_b / "hub", ignore_errors=True)

@@ -1,17 +1,20 @@
 """sync-model's pure parts: comparing, planning, model checks, rsync commands and output."""
 
+import hashlib
 import json
+import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
-from railyard.inventory import Host, Rail
+from railyard.inventory import Host, Rail, load_inventory
 from railyard.sync import (FileInfo, Manifest, check_model, diff, download_command, parse_bytes_sent, parse_manifest,
                            parse_progress, plan_copy, rsync_command, split_streams)
 from railyard.lab.checkpoint import write_checkpoint
 from railyard.sync import MANIFEST_SCRIPT
 
-from .conftest import real
+from .conftest import ROOT, real
 
 import ipaddress
 
@@ -117,3 +120,44 @@ def test_manifest_script_on_a_real_tree(tmp_path):
     assert mf.index["shards"] == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
     assert mf.config["architectures"] == ["GlmMoeDsaForCausalLM"]
     assert run("content", "--rehash")["cache"]["hashed"] == len(first["files"])
+
+
+def hf_snapshot(tmp_path) -> Path:
+    """The layout `hf download` leaves in its cache: snapshots/<rev>/ holds symlinks into ../../blobs/,
+    nested folders (original/) too, and unusual names."""
+    repo = tmp_path / "hub" / "models--nvidia--GLM-5.3-NVFP4"
+    flat = tmp_path / "flat"
+    write_checkpoint(flat, 0.003, 2)
+    (flat / "original").mkdir()
+    (flat / "original" / "params v2 (draft).json").write_text('{"dim": 1}')
+    snap = repo / "snapshots" / ("c0ffee" * 6 + "abcd")
+    blobs = repo / "blobs"
+    blobs.mkdir(parents=True)
+    for f in sorted(flat.rglob("*")):
+        if f.is_file() and ".cache" not in f.parts:
+            rel = f.relative_to(flat)
+            blob = blobs / hashlib.sha256(f.read_bytes()).hexdigest()
+            blob.write_bytes(f.read_bytes())
+            link = snap / rel
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    return snap
+
+
+def test_a_hugging_face_cache_snapshot_is_a_checkpoint_read_through_its_links(tmp_path):
+    snap = hf_snapshot(tmp_path)
+    (snap / "dangling.safetensors").symlink_to("../../blobs/missing")
+    assert all(p.is_symlink() for p in snap.glob("*.json"))
+    doc = json.loads(subprocess.run([sys.executable, "-", str(snap), "content"], input=MANIFEST_SCRIPT.read_text(),
+                                    capture_output=True, text=True, check=True).stdout)
+    files = doc["files"]
+    assert "config.json" in files and "original/params v2 (draft).json" in files and "dangling.safetensors" not in files
+    shard = "model-00001-of-00002.safetensors"
+    assert files[shard]["size"] == (snap / shard).stat().st_size
+    assert files[shard]["sha256"] == hashlib.sha256((snap / shard).read_bytes()).hexdigest()
+    assert doc["config"]["architectures"] == ["GlmMoeDsaForCausalLM"]
+
+
+def test_rsync_copies_the_files_a_link_points_to():
+    h = load_inventory(ROOT / "inventory" / "dgx-stations.yml").hosts[1]
+    assert "--copy-links" in rsync_command("~/m", h, "~/m", "whole", "aes128-gcm@openssh.com", 0)

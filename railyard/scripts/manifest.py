@@ -3,8 +3,8 @@
 
     python3 - ROOT size|content [--rehash] < manifest.py
 
-Prints one JSON document: every file under ROOT (any `.cache/` directory excluded) with
-its size and mtime, its sha256 in `content` mode, and what the model's own files say
+Prints one JSON document: every file under ROOT (any `.cache/` directory excluded; a symlink
+counts as the file it points to, as in a Hugging Face cache snapshot) with its size and mtime, its sha256 in `content` mode, and what the model's own files say
 (`config.json` parsed, the shards `model.safetensors.index.json` names). Digests are
 computed with every core (one process per file, largest first) and cached in
 ROOT/.cache/railyard/digests.json per (path, size, mtime, ctime, inode): re-verifying an
@@ -18,6 +18,7 @@ import os
 import sys
 import time
 import multiprocessing
+import stat
 from concurrent.futures import ProcessPoolExecutor
 
 CACHE_DIR = os.path.join(".cache", "railyard")
@@ -30,11 +31,11 @@ def files_under(root):
         dirnames[:] = sorted(d for d in dirnames if d != ".cache")
         for name in filenames:
             path = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(path)
+            try:  # a Hugging Face cache snapshot is symlinks into ../../blobs: the file is what they point to
+                st = os.stat(path)
             except OSError:
-                continue
-            if not os.path.isfile(path) or os.path.islink(path):
+                continue  # a dangling link: not a file (the index check names a missing shard)
+            if not stat.S_ISREG(st.st_mode):
                 continue
             out[os.path.relpath(path, root)] = st
     return out
