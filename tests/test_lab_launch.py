@@ -218,3 +218,21 @@ def test_a_second_operator_is_refused_while_the_head_is_locked(clean):
     r = inv_cmd("launch", "-i", str(clean), "--timeout", "60")
     assert r.returncode == 0, r.stdout + r.stderr
     assert not d.exists()  # released after the launch
+
+
+def test_the_api_key_is_in_no_argv_log_json_or_readable_file(clean):
+    r = inv_cmd("launch", "-i", str(clean), "--timeout", "60")
+    assert r.returncode == 0, r.stdout + r.stderr
+    key = (home("A") / ".config" / "railyard" / "vllm-api-key").read_text().strip()
+    seen = {"launch output": r.stdout + r.stderr}
+    for verb in ("status", "health"):
+        out = inv_cmd(verb, "-i", str(clean), "--json")
+        seen[f"{verb} --json"] = out.stdout + out.stderr
+    for h in ("A", "B"):
+        seen[f"ps on {h}"] = on(h, "ps -eo args").stdout  # every process's argv, the serving ones included
+        seen[f"docker inspect on {h}"] = on(h, f"docker inspect {NAME}").stdout
+        seen[f"docker logs on {h}"] = on(h, f"docker logs {NAME} 2>&1").stdout
+    assert [where for where, text in seen.items() if key in text] == []
+    holders = [p for h in ("A", "B") for p in home(h).rglob("*")
+               if p.is_file() and not p.is_symlink() and key.encode() in p.read_bytes()]
+    assert holders and all((p.stat().st_mode & 0o777) == 0o600 for p in holders), holders
