@@ -27,8 +27,14 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        shown = "" if self.value is _MISSING else f" = {self.value!r}"
-        return f"{self.file}: {self.key}{shown}: {self.message}"
+        shown = "" if self.value is _MISSING else f" = {_printable(repr(self.value))}"
+        return f"{_printable(self.file)}: {_printable(self.key)}{shown}: {_printable(self.message)}"
+
+
+def _printable(text: object) -> str:
+    """One line whatever the inventory held: control and line-breaking characters escaped."""
+    s = str(text)
+    return s if s.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
 
 
 class _Missing:

@@ -47,6 +47,7 @@ CLUSTER_WIDE = (
     "vllm_port", "vllm_master_port", "vllm_tensor_parallel_size", "preflight_mtu",
 )
 
+MAX_YAML_BYTES = 4 << 20  # an inventory is kilobytes; refuse what no one wrote by hand
 # The values serve_layout takes; each is a module of railyard/serving/layouts.
 LAYOUTS = ("multinode_tp", "single_node_tp", "dp_ep")
 
@@ -174,17 +175,27 @@ def _read_yaml(path: Path, problems: list[Problem], required: bool = True) -> An
     except OSError as e:
         problems.append(Problem(str(path), "-", MISSING, f"cannot read: {e.strerror}"))
         return None
-    loader = _UniqueKeyLoader(text)
-    loader.duplicates = []
+    if len(text) > MAX_YAML_BYTES:
+        problems.append(Problem(str(path), "-", MISSING, f"{len(text):,} characters: not an inventory (at most "
+                                                          f"{MAX_YAML_BYTES:,})"))
+        return None
+    loader = None
     try:
+        loader = _UniqueKeyLoader(text)
+        loader.duplicates = []
         data = loader.get_single_data()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "-"
-        problems.append(Problem(str(path), where, MISSING, f"invalid YAML: {getattr(e, 'problem', e)}"))
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        problems.append(Problem(str(path), where, MISSING, f"invalid YAML: {why}"))
+        return None
+    except RecursionError:
+        problems.append(Problem(str(path), "-", MISSING, "invalid YAML: nested too deeply"))
         return None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     for key, line in loader.duplicates:
         problems.append(Problem(str(path), f"line {line}", key, "key given twice in one mapping"))
     return data
