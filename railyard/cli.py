@@ -168,9 +168,8 @@ def _print_launch(rep, con, what: str) -> int:
         con.print(Text(f"{what}: already running with this configuration on {', '.join(rep.order)}: nothing to do",
                        style="green"))
         return 0
-    where = rep.plan.endpoint.host if rep.plan else "the head"
     con.print(Text(f"{what}: ready in {rep.ready_seconds:.1f} s ({' -> '.join(rep.order)}); API {rep.api} "
-                   f"(the key is in vllm_api_key_file on {where})", style="bold green"))
+                   f"(the key is in vllm_api_key_file on {rep.plan.endpoint.host})", style="bold green"))
     return 0
 
 

@@ -75,25 +75,20 @@ def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool
         files = envfiles.plan_env(plan, runner)
         timeout = float(timeout or inv.head.vars["vllm_start_timeout_s"])
         if dry_run:
-            rep = LaunchReport(plan.hosts(), {s.name: run_line(plan, s) for s in plan.services()})
+            rep = LaunchReport(plan.hosts(), {s.name: run_line(plan, s) for s in plan.services()}, plan=plan)
             stale = [f.host for f in files if f.changed]
             if stale:
                 rep.hint = f"note: the env files are not current on {', '.join(stale)} (run `inv env`)"
-            rep.plan = plan
             return rep
         with locked(inv, runner, "inv launch"):
-            rep = ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, console)
-        rep.plan = plan
-        return rep
+            return ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, console)
 
 
 def start(inv: Inventory, rank_order: str | None, timeout: float | None, console) -> LaunchReport:
     with _runner(inv) as runner:
         plan = build_plan(inv, runner, rank_order, strict=False)
         with locked(inv, runner, "inv start"):
-            rep = ops.start(plan, runner, float(timeout or inv.head.vars["vllm_start_timeout_s"]), console)
-        rep.plan = plan
-        return rep
+            return ops.start(plan, runner, float(timeout or inv.head.vars["vllm_start_timeout_s"]), console)
 
 
 def stop(inv: Inventory) -> list[StopResult]:

@@ -174,6 +174,17 @@ def health_report(ranks: list, probes: list, metrics: dict, endpoint_host: str) 
 _FIX = re.compile(r"^(.*?) \(fix: (.*)\)$", re.S)
 
 
+def _split_fixes(reasons: list[str]) -> tuple[str, str]:
+    """A verdict's reasons `what (fix: how)` as one detail line and one hint line (each fix once)."""
+    what, fixes = [], []
+    for reason in reasons or ["no verdict"]:
+        m = _FIX.match(reason)
+        what.append(m.group(1) if m else reason)
+        if m and m.group(2) not in fixes:
+            fixes.append(m.group(2))
+    return "; ".join(what), "; ".join(fixes)
+
+
 def _host_of(source: str) -> str:
     return source.split(":", 1)[0] if source else NO_HOST
 
@@ -189,13 +200,8 @@ def verdict_checks(verdicts: list, host_of=_host_of) -> list[CheckResult]:
                                    f"inter-node channels over {v.net_transport} with GPUDirect RDMA on "
                                    f"{', '.join(v.hcas) or 'the rail'}", ev))
             continue
-        what, fixes = [], []
-        for reason in v.reasons or ["no verdict"]:
-            m = _FIX.match(reason)
-            what.append(m.group(1) if m else reason)
-            if m and m.group(2) not in fixes:
-                fixes.append(m.group(2))
-        out.append(CheckResult(host_of(v.source), "rdma", FAIL, "; ".join(what), ev, "; ".join(fixes)))
+        detail, hint = _split_fixes(v.reasons)
+        out.append(CheckResult(host_of(v.source), "rdma", FAIL, detail, ev, hint))
     return out
 
 
@@ -234,13 +240,8 @@ def p2p_checks(verdict, host: str) -> list[CheckResult]:
         how = ", ".join(v.paths) or "NVLink SHARP"
         return [CheckResult(host, "p2p", PASS, f"GPU to GPU: {sum(v.channels.values())} channel(s) via {how}"
                             + ("; NVLink SHARP (NVLS) in use" if v.nvls and v.paths else ""), ev)]
-    what, fixes = [], []
-    for reason in v.reasons or ["no verdict"]:
-        m = _FIX.match(reason)
-        what.append(m.group(1) if m else reason)
-        if m and m.group(2) not in fixes:
-            fixes.append(m.group(2))
-    return [CheckResult(host, "p2p", FAIL, "; ".join(what), ev, "; ".join(fixes))]
+    detail, hint = _split_fixes(v.reasons)
+    return [CheckResult(host, "p2p", FAIL, detail, ev, hint)]
 
 
 def nccl_one_host_report(rep) -> Report:

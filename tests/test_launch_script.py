@@ -23,6 +23,11 @@ def script(tmp_path):
     assert r.returncode == 0, r.stderr
     path = tmp_path / "sub" / "launch_server.sh"
     assert list((tmp_path / "sub").iterdir()) == [path] and os.access(path, os.X_OK)
+    return (path, *recorder_and_model(tmp_path))
+
+
+def recorder_and_model(tmp_path):
+    """A PATH folder whose `vllm` records what it was run with, and a checkpoint folder."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "vllm").write_text(RECORDER)
@@ -30,7 +35,7 @@ def script(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    return path, bin_dir, model
+    return bin_dir, model
 
 
 def run(path, bin_dir, **env):
@@ -113,13 +118,7 @@ def test_hostile_values_stay_values(tmp_path):
     r = inv_cmd("launch-script", "-i", str(HGX), "--out", str(tmp_path / "s"), "--set", f"vllm_extra_args={extra}",
                 "--set", f"vllm_extra_env={{X_EXTRA: {json.dumps(hostile)}}}")
     assert r.returncode == 0, r.stderr
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "vllm").write_text(RECORDER)
-    (bin_dir / "vllm").chmod(0o755)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    bin_dir, model = recorder_and_model(tmp_path)
     out = run(tmp_path / "s" / "launch_server.sh", bin_dir, PORT=8000, MODEL_PATH=model)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import CommandFailed
 from ..render import envfile
 from ..runner import Runner
 from ..serving.spec import LaunchPlan
@@ -55,7 +56,6 @@ def plan_env(plan: LaunchPlan, runner: Runner) -> list[EnvFile]:
     for svc in services:
         have = got[svc.host]
         if not isinstance(have, dict):
-            from ..errors import CommandFailed
             raise CommandFailed(have, "could not read the env file")
         out.append(EnvFile(svc.host, svc.name, svc.env_path, envfile.render(plan, svc), have[svc.name],
                            envfile.local_path(local_dir(), plan, svc)))

@@ -170,7 +170,7 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
     """Start (via start_one(service) -> error or None) and gate every stage in order, then wait for
     every service's ready gates."""
     services = plan.services()
-    rep = LaunchReport(plan.hosts())
+    rep = LaunchReport(plan.hosts(), plan=plan)
     started_at = time.monotonic()
     deadline = started_at + timeout
     states = {s.name: ServiceState(s) for s in services}
@@ -317,7 +317,7 @@ def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: st
     existing = {s.name: inspect(runner.session(s.host), s.spec.name) for s in services}
     wanted = {s.name: config_hash(plan, s) for s in services}
     if all(c.exists and c.running and c.config == wanted[n] for n, c in existing.items()):
-        return LaunchReport(plan.hosts(), commands, noop=True, api=plan.endpoint.url)
+        return LaunchReport(plan.hosts(), commands, noop=True, api=plan.endpoint.url, plan=plan)
     present = {n: c for n, c in existing.items() if c.exists}
     if present and not recreate:
         names = ", ".join(sorted({plan.service(n).spec.name for n in present}))
@@ -394,7 +394,7 @@ def start(plan: LaunchPlan, runner: Runner, timeout: float, console) -> LaunchRe
         names = ", ".join(sorted({s.spec.name for s in services}))
         raise LaunchError(f"no container {names} on {', '.join(missing)}: run `inv launch`")
     if all(c.running for c in existing.values()):
-        return LaunchReport(plan.hosts(), noop=True, api=plan.endpoint.url)
+        return LaunchReport(plan.hosts(), noop=True, api=plan.endpoint.url, plan=plan)
 
     def start_one(svc: Service) -> str | None:
         if existing[svc.name].running:

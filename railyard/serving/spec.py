@@ -186,11 +186,7 @@ class LaunchPlan:
         return sorted(self.services(), key=lambda s: (s.rank is None, s.rank or 0))
 
     def report_hosts(self) -> list[str]:
-        seen: list[str] = []
-        for s in self.by_rank():
-            if s.host not in seen:
-                seen.append(s.host)
-        return seen
+        return _hosts_of(self.by_rank())
 
     def service(self, name: str) -> Service:
         for s in self.services():
@@ -202,14 +198,16 @@ class LaunchPlan:
         return [s for s in self.services() if s.host == host]
 
     def hosts(self) -> list[str]:
-        seen: list[str] = []
-        for s in self.services():
-            if s.host not in seen:
-                seen.append(s.host)
-        return seen
+        """The hosts in start order."""
+        return _hosts_of(self.services())
 
     def group(self, name: str) -> list[Service]:
         return sorted((s for s in self.services() if s.group == name), key=lambda s: s.rank or 0)
+
+
+def _hosts_of(services: list[Service]) -> list[str]:
+    """Each service's host once, in the order given."""
+    return list(dict.fromkeys(s.host for s in services))
 
 
 def spec_dict(spec: ContainerSpec) -> dict:

@@ -36,8 +36,8 @@ class MultinodeTP:
         pp_in_args = any(str(a).startswith(("--pipeline-parallel-size", "-pp")) for a in v["vllm_extra_args"])
         if tp * pp != len(inv.hosts) and not pp_in_args:
             file_, key = origin_of(head, "vllm_tensor_parallel_size")
-            what = "" if pp == 1 else f" x vllm_pipeline_parallel_size {pp}"
-            out.append(Problem(file_, key, tp, f"{what.strip() + ': ' if what else ''}must equal the number of ranks "
+            what = "" if pp == 1 else f"x vllm_pipeline_parallel_size {pp}: "
+            out.append(Problem(file_, key, tp, f"{what}must equal the number of ranks "
                                                f"({len(inv.hosts)}): each rank serves one GPU (or set "
                                                "--pipeline-parallel-size in vllm_extra_args)"))
         if v["vllm_port"] == v["vllm_master_port"]:
