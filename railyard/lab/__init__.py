@@ -44,10 +44,26 @@ CONTROL_IP = f"{MGMT_NET}.1"
 RAIL_MTU = 9000
 LAB_IMAGE_NAME = "vllm/vllm-openai:v0.30.0-aarch64"
 LAB_IMAGE_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image v0.30.0-aarch64").hexdigest()
+# the LiteLLM proxy's own image (its program: the real proxy, from the lab's litellm venv)
+LITELLM_IMAGE_NAME = "docker.litellm.ai/berriai/litellm:v1.108.7"
+LITELLM_IMAGE_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image litellm v1.108.7").hexdigest()
+_IMAGE_PATH = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+# each image's Config as `docker image inspect` shows it (railyard always passes --entrypoint)
+LAB_IMAGES = {
+    LAB_IMAGE_NAME: {"digest": LAB_IMAGE_DIGEST, "config": {
+        "Env": _IMAGE_PATH, "Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace"}},
+    LITELLM_IMAGE_NAME: {"digest": LITELLM_IMAGE_DIGEST, "config": {
+        "Env": _IMAGE_PATH, "Entrypoint": ["docker/prod_entrypoint.sh"], "Cmd": ["--port", "4000"],
+        "WorkingDir": "/app"}},
+}
 SIM_TOOLS = ("ibdev2netdev", "show_gids", "nvidia-smi", "lscpu", "timedatectl", "docker")
 HOST_TOOLS = ("vllm",)  # installed on the host itself (outside containers) where the shape says so
 SIM_SOURCE = Path(__file__).parent / "sim" / "tools.py"
 VLLM_SOURCE = Path(__file__).parent / "sim" / "vllm.py"
+LITELLM_SOURCE = Path(__file__).parent / "sim" / "litellm.py"
+LMCACHE_CLIENT_SOURCE = Path(__file__).parent / "sim" / "lmcache_client.py"
+# what the lab image's `lmcache` runs with: LMCache's usage telemetry and banner off
+LMCACHE_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1"}
 SYSTEM_PYTHON = "/usr/bin/python3"
 MAX_HOSTS = 200
 
@@ -399,6 +415,8 @@ def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAP
     _save_state(root, state)
     hosts = [LabHost(name, i + 1, root, shape) for i, name in enumerate(names)]
 
+    from . import components
+    components.ensure_all(log)  # the real LMCache and LiteLLM (minutes the first time, then instant)
     _ensure_keys(root, hosts)
     _install_sims(root, hosts, gpu)
     _ensure_bridges(shape)
@@ -495,8 +513,21 @@ def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200") -> None:
     (nccl / "lib").mkdir(parents=True, exist_ok=True)
     (nccl / "__init__.py").write_text("")
     (nccl / "lib" / "libnccl.so.2").write_text("railyard lab stand-in for NCCL 2.30.7\n")
+    # the real LMCache server and LiteLLM proxy (components.py's venvs), as the images' programs
+    from . import components
+    lmc = components.program("lmcache")
+    exports = " ".join(f"{k}={v}" for k, v in LMCACHE_ENV.items())
+    (image / "bin" / "lmcache").write_text(f"#!/bin/sh\nexport {exports}\nunset PYTHONPATH\nexec {lmc} \"$@\"\n")
+    os.chmod(image / "bin" / "lmcache", 0o755)
+    ltext = LITELLM_SOURCE.read_text().replace("@LITELLM@", str(components.program("litellm")))
+    (image / "bin" / "litellm").write_text(f"#!{SYSTEM_PYTHON} -SI\n" + ltext.split("\n", 1)[1])
+    os.chmod(image / "bin" / "litellm", 0o755)
+    (image / "lib").mkdir(exist_ok=True)
+    (image / "lib" / "lmcache_client.py").write_text(LMCACHE_CLIENT_SOURCE.read_text())
     _build_memlock_shim(root / "sim")
-    config = {"lab_dir": str(root), "image": LAB_IMAGE_NAME, "image_digest": LAB_IMAGE_DIGEST}
+    config = {"lab_dir": str(root), "image": LAB_IMAGE_NAME, "image_digest": LAB_IMAGE_DIGEST,
+              "images": {name: i["config"] for name, i in LAB_IMAGES.items()},
+              "lmcache_python": str(components.venv("lmcache") / "bin" / "python")}
     (root / "sim" / "lab.json").write_text(json.dumps(config))
     for h in hosts:
         removed = set(json.loads((h.state / "missing-tools.json").read_text())) \
@@ -513,7 +544,11 @@ def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200") -> None:
                 link.symlink_to(image / "bin" / tool)
         images = h.dir / "docker" / "images.json"
         if not images.exists():
-            images.write_text(json.dumps({LAB_IMAGE_NAME: LAB_IMAGE_DIGEST}))
+            images.write_text(json.dumps({name: i["digest"] for name, i in LAB_IMAGES.items()}))
+        elif not images.with_suffix(".json.orig").exists():  # no fault holds it: add images new since
+            have = json.loads(images.read_text())
+            if any(name not in have for name in LAB_IMAGES):
+                images.write_text(json.dumps({**{n: i["digest"] for n, i in LAB_IMAGES.items()}, **have}))
         tmp = h.shape_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(host_shape(h.shape, gpu, h.name), indent=1))
         tmp.replace(h.shape_file)
@@ -721,6 +756,7 @@ def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200") -> Pat
                 "model_path": "~/models/GLM-5.3-NVFP4",
                 "model_size_gb": 4,
                 "vllm_image": f"{LAB_IMAGE_NAME}@{LAB_IMAGE_DIGEST}",
+                **({"litellm_image": f"{LITELLM_IMAGE_NAME}@{LITELLM_IMAGE_DIGEST}"} if shape == "hgx8" else {}),
                 # veth links report 10000Mb/s; real ConnectX-8 rails report 400000
                 "preflight_link_speed_mbps": 10000,
                 "preflight_disk_margin_gb": 1,
