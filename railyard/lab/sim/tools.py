@@ -100,6 +100,46 @@ def hold(pid, name, mib, uuid):
     os.replace(tmp, os.path.join(HELD, f"{pid}.{uuid}.json"))
 
 
+IPC_NAME = "/usr/bin/python3"  # nvidia-smi's process_name for the LMCache server (python, as in the vLLM image)
+
+
+def hold_ipc(server, mib, uuid, of_pid, instance_id, log=None):
+    """Record that the LMCache server `server` maps `mib` MiB of process `of_pid`'s KV cache on GPU `uuid`
+    through CUDA IPC (registered as LMCache instance `instance_id`). nvidia-smi shows it under the
+    server's PID only once `of_pid` is gone (before that the memory is the worker's own), and forgets it
+    when the server exits or lets go of the instance: `Unregistered KV cache for GPU ID <id>` or
+    `Reaped GPU instance <id>` in the server's container log `log` after this point. Returns the file."""
+    os.makedirs(HELD, exist_ok=True)
+    path = os.path.join(HELD, f"ipc.{server}.{uuid}.json")
+    try:
+        log_from = os.path.getsize(log) if log else 0
+    except OSError:
+        log_from = 0
+    rec = {"pid": server, "start": _start_time(server), "name": IPC_NAME, "mib": mib, "uuid": uuid,
+           "ipc_of": of_pid, "ipc_of_start": _start_time(of_pid), "instance_id": instance_id, "log": log,
+           "log_from": log_from}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(rec, f)
+    os.replace(tmp, path)
+    return path
+
+
+def _ipc_released(rec):
+    """Whether the server's log says it let go of the record's instance since the record was made."""
+    if not rec.get("log"):
+        return False
+    try:
+        with open(rec["log"], "rb") as f:
+            f.seek(rec.get("log_from", 0))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    iid = rec["instance_id"]
+    import re
+    return re.search(rf"(Unregistered KV cache for GPU ID|Reaped GPU instance) {iid}\b", text) is not None
+
+
 def release(pid):
     for n in _held_files():
         if n.startswith(f"{pid}."):
@@ -127,7 +167,13 @@ def held():
                 rec = json.load(f)
         except (OSError, ValueError):
             continue
-        if _alive(rec["pid"]) and _start_time(rec["pid"]) == rec.get("start"):
+        alive = _alive(rec["pid"]) and _start_time(rec["pid"]) == rec.get("start")
+        if alive and "ipc_of" in rec:
+            if _ipc_released(rec):
+                alive = False
+            elif _alive(rec["ipc_of"]) and _start_time(rec["ipc_of"]) == rec.get("ipc_of_start"):
+                continue  # the worker lives: the memory is its own, counted once
+        if alive:
             out.append(rec)
         else:
             try:
@@ -472,6 +518,17 @@ def _images():
         return json.load(f)  # {"name:tag": "sha256:digest"}
 
 
+def _image_config(name):
+    """An image's own Config (Entrypoint, Cmd, WorkingDir, Env), as lab.up describes it; the vLLM image's
+    by default."""
+    try:
+        conf = _lab().get("images", {}).get(name)
+    except (OSError, ValueError):
+        conf = None
+    return conf or {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                    "Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace"}
+
+
 def _image_doc(name, digest):
     repo = name.rsplit(":", 1)[0]
     return {
@@ -483,8 +540,7 @@ def _image_doc(name, digest):
         "Created": "2026-10-02T18:41:07.512935022Z",
         "DockerVersion": "",
         "Author": "",
-        "Config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                   "Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace"},
+        "Config": _image_config(name),
         "Architecture": "arm64",
         "Os": "linux",
         "Size": 21474836480,
@@ -532,7 +588,7 @@ def _render(fmt, doc):
         v = doc
         for part in [p for p in field.lstrip(".").split(".") if p]:  # `.` alone is the whole document
             v = v.get(part, "<no value>") if isinstance(v, dict) else "<no value>"
-        out += json.dumps(v) if as_json else _go_value(v)
+        out += json.dumps(v, separators=(",", ":")) if as_json else _go_value(v)  # Go: compact
         i = k + 2
     return out
 
@@ -1226,6 +1282,57 @@ def _stop(args):
     return rc
 
 
+def _kill(args):
+    """`docker kill [-s SIGNAL] NAME...`: the signal (SIGKILL by default) to the container's processes."""
+    import signal as _signal
+    sig = _signal.SIGKILL
+    names = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-s", "--signal") and i + 1 < len(args):
+            v = args[i + 1]
+            i += 2
+        elif a.startswith("--signal="):
+            v = a.split("=", 1)[1]
+            i += 1
+        else:
+            names.append(a)
+            i += 1
+            continue
+        try:
+            sig = _signal.Signals(int(v)) if v.isdigit() else _signal.Signals[v if v.startswith("SIG") else "SIG" + v]
+        except (KeyError, ValueError):
+            print(f"invalid signal: {v}", file=sys.stderr)
+            return 1
+    rc = 0
+    for n in names:
+        c = _load(n)
+        if c is None:
+            rc = _no_such("container", n)
+            continue
+        st = c["State"]
+        if not st["Running"]:
+            print(f"Error response from daemon: cannot kill container: {n}: container {c['Id']} is not running",
+                  file=sys.stderr)
+            rc = 1
+            continue
+        try:
+            if sig == _signal.SIGKILL:  # the whole container goes, its shim with it (exit 137)
+                os.killpg(os.getpgid(st["Pid"]), sig)
+            else:
+                os.kill(st["Pid"], sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if sig == _signal.SIGKILL:
+            for _ in range(100):
+                if not _state_of(n).get("Running"):
+                    break
+                time.sleep(0.05)
+        print(n)
+    return rc
+
+
 def _start_cmd(args):
     rc = 0
     for n in [a for a in args if not a.startswith("-")]:
@@ -1262,7 +1369,7 @@ def _rm(args):
 
 def _container(args):
     sub = {"inspect": _inspect_containers, "ls": _ps, "logs": _logs, "stop": _stop, "start": _start_cmd,
-           "rm": _rm, "exec": _exec, "run": _run}
+           "kill": _kill, "rm": _rm, "exec": _exec, "run": _run}
     if args and args[0] in sub:
         return sub[args[0]](args[1:])
     print("Usage:  docker container COMMAND", file=sys.stderr)
@@ -1270,7 +1377,7 @@ def _container(args):
 
 
 CONTAINER_COMMANDS = {"run": _run, "ps": _ps, "inspect": _inspect_containers, "logs": _logs, "exec": _exec,
-                      "stop": _stop, "start": _start_cmd, "rm": _rm, "container": _container}
+                      "stop": _stop, "start": _start_cmd, "kill": _kill, "rm": _rm, "container": _container}
 
 
 TOOLS = {"ibdev2netdev": ibdev2netdev, "show_gids": show_gids, "nvidia-smi": nvidia_smi, "lscpu": lscpu,

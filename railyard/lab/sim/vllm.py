@@ -45,7 +45,7 @@ NCCL_VERSION = "2.30.7+cuda13.0"
 START = time.time()
 SIM_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # LAB/sim
 STAT_KEYS = ("running", "waiting", "prompt", "generation", "requests", "kv", "prefix_q", "prefix_h", "spec_drafts",
-             "spec_accepted")
+             "spec_accepted", "ext_q", "ext_h")
 STATS = [dict.fromkeys(STAT_KEYS, 0)]  # one per engine (DP rank)
 STATS[0]["kv"] = 0.0
 CHILDREN = []  # engine core and worker processes this process started
@@ -538,6 +538,246 @@ def worker_rendezvous(args, stop):
     return s, f
 
 
+
+# ---------------------------------------------------------------- prefix caching and LMCache
+
+PREFILL_US_ENV = "RAILYARD_LAB_PREFILL_US_PER_TOKEN"  # the modeled prefill cost of one uncached prompt token
+PREFILL_US_DEFAULT = 60.0  # 20,000 cold tokens: 1.2 s
+SEEDED_KEYS_ENV = "RAILYARD_LAB_LMCACHE_SEEDED_KEYS"  # 1: LMCache keys also depend on PYTHONHASHSEED (see below)
+LOCAL_BLOCKS = set()  # vLLM's own prefix cache: the block hashes this replica has computed
+_NONE_HASH = []
+
+
+def none_hash():
+    """vLLM's root block hash (v1/core/kv_cache_utils.py, init_none_hash): random 32 bytes when
+    PYTHONHASHSEED is unset, otherwise derived from its value."""
+    if not _NONE_HASH:
+        import hashlib
+        seed = os.environ.get("PYTHONHASHSEED")
+        if seed is None:
+            log("PYTHONHASHSEED is not set. This will lead to non-reproducible block-hashes when using sha256_cbor "
+                "as the hash function. Consider setting PYTHONHASHSEED to a fixed value for reproducibility.",
+                "WARNING", where="kv_cache_utils.py:92", who="EngineCore")
+            _NONE_HASH.append(os.urandom(32))
+        else:
+            _NONE_HASH.append(hashlib.sha256(seed.encode()).digest())
+    return _NONE_HASH[0]
+
+
+def token_ids(text):
+    """The stand-in's tokenizer: one token per word, its id a stable hash of the word."""
+    import hashlib
+    return [int.from_bytes(hashlib.blake2b(w.encode(), digest_size=4).digest(), "big") % 151552
+            for w in text.split()] or [0]
+
+
+def block_hashes(ids, block):
+    """Chained hashes of the prompt's full blocks, rooted at none_hash() (vLLM's hash_block_tokens)."""
+    import hashlib
+    out, parent = [], none_hash()
+    for i in range(0, len(ids) - len(ids) % block, block):
+        parent = hashlib.sha256(parent + b"".join(t.to_bytes(4, "big") for t in ids[i:i + block])).digest()
+        out.append(parent)
+    return out
+
+
+def _listener_pid(port):
+    """The process listening on TCP `port` in this network namespace (the LMCache server), or None."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                for line in f.readlines()[1:]:
+                    p = line.split()
+                    if p[3] == "0A" and int(p[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(p[9])
+        except OSError:
+            continue
+    want = {f"socket:[{i}]" for i in inodes}
+    for pid in (d for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in want:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def _container_log_of(pid):
+    """The lab container a process runs in (its RAILYARD_LAB_CONTAINER), as that container's log file."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    except OSError:
+        return None
+    d = env.get(b"RAILYARD_LAB_CONTAINER")
+    return os.path.join(d.decode(), "log") if d else None
+
+
+class LMCacheConnector:
+    """vLLM's LMCacheMPConnector as far as the lab needs it: the real LMCache client library (in the
+    lmcache venv, lmcache_client.py) registers this replica's KV caches, one instance per worker, and
+    looks up, retrieves and stores each request's prompt through the real server."""
+
+    def __init__(self):
+        self.proc = None
+        self.lock = threading.Lock()
+        self.ipc = []  # the hold records made for the server (tools.hold_ipc), removed on a clean stop
+        self.chunk = 256
+
+    def start(self, cfg, args, engines, served, avail):
+        extra = cfg.get("kv_connector_extra_config") or {}
+        host = str(extra.get("lmcache.mp.host", "tcp://localhost"))
+        port = int(extra.get("lmcache.mp.port", 5555))
+        timeout = float(extra.get("lmcache.mp.mq_timeout", 300))
+        beat = float(extra.get("lmcache.mp.heartbeat_interval", 10))
+        url = f"{host}:{port}"
+        e = engines[0]
+        workers = e["workers"]
+        tp, pp = args["tensor-parallel-size"], args["pipeline-parallel-size"]
+        log(f"Resolved LMCache MP geometry: group_tokens_per_block={args['block-size']}, "
+            f"scheduler_block_size={args['block-size']}, cache_model_name={served}",
+            where="lmcache_mp_connector.py:667", who="EngineCore", pid=e["pid"])
+        for name, pid in workers:
+            print(f"({name} pid={pid}) [{time.strftime('%Y-%m-%d %H:%M:%S')}] LMCache INFO: Registering kv caches! "
+                  "(lmcache_mp_connector.py:867:lmcache.integration.vllm.lmcache_mp_connector)", flush=True)
+        with open(os.path.join(SIM_DIR, "lab.json")) as f:
+            python = json.load(f)["lmcache_python"]
+        salt = block_hashes([0], 1)[0].hex()[:32] if os.environ.get(SEEDED_KEYS_ENV) == "1" else ""
+        env = {"PATH": "/usr/bin:/bin", "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1",
+               "LMCACHE_DISABLE_BANNER": "1", "HOME": "/tmp"}
+        err = open("/tmp/lmcache-connector.log", "ab")  # the container's own /tmp
+        self.proc = subprocess.Popen(
+            [python, "-I", os.path.join(SIM_DIR, "image", "lib", "lmcache_client.py"), "--url", url,
+             "--ranks", str(len(workers)), "--world-size", str(tp * pp), "--model", served, "--mq-timeout",
+             str(timeout), "--heartbeat", str(beat), "--block-size", str(args["block-size"]), "--salt", salt],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env, preexec_fn=_pdeathsig)
+        first = self.proc.stdout.readline()
+        try:
+            hello = json.loads(first)
+        except ValueError:
+            hello = {"error": f"LMCache server did not respond to register_kv_caches within {timeout}s. "
+                              "Is the server running?"}
+        if "error" in hello:
+            self.proc.kill()
+            self.proc = None
+            fail_in(workers[0][0], workers[0][1], hello["error"], "ConnectionError", where="multiproc_executor.py:741")
+        self.chunk = hello["chunk"]
+        for (name, pid), iid in zip(workers, hello["registered"]):
+            print(f"({name} pid={pid}) [{time.strftime('%Y-%m-%d %H:%M:%S')}] LMCache INFO: LMCache MP worker "
+                  f"adapter created with instance_id={iid} (vllm_multi_process_adapter.py:1415:"
+                  "lmcache.integration.vllm.vllm_multi_process_adapter)", flush=True)
+        # On real GPUs the server maps each worker's KV cache through CUDA IPC: when the worker dies
+        # without unregistering, the server keeps that memory until it lets go of the instance.
+        server = _listener_pid(port) if host.split("://")[-1] in ("127.0.0.1", "localhost", "0.0.0.0") or \
+            host.split("://")[-1] == os.environ.get("VLLM_HOST_IP") else None
+        if server:
+            logf = _container_log_of(server)
+            mib = int(avail[0] * 1024)
+            for (name, pid), g, iid in zip(workers, e["gpus"], hello["registered"]):
+                self.ipc.append(tools().hold_ipc(server, mib, g["uuid"], pid, iid, logf))
+
+    def _call(self, **req):
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise ConnectionError("the LMCache connector process went away")
+        return json.loads(line)
+
+    def request(self, rid, ids, computed, st):
+        """Before the prefill: the tokens LMCache has beyond the `computed` ones, loaded. Returns
+        (tokens now computed, tokens LMCache had)."""
+        if self.proc is None:
+            return computed, 0
+        st["ext_q"] += len(ids)
+        hit = self._call(op="lookup", id=rid, tokens=ids)
+        if "error" in hit:
+            log(f"LMCache lookup failed: {hit['error']}", "WARNING", where="lmcache_mp_connector.py:1300",
+                who="EngineCore")
+            return computed, 0
+        got = min(hit["hit"], len(ids) - 1)  # a full hit still computes the last token
+        if got <= computed:
+            return computed, hit["hit"]
+        r = self._call(op="retrieve", id=rid, tokens=ids, n=hit["hit"])
+        if not r.get("ok"):
+            return computed, 0
+        st["ext_h"] += got - computed
+        return got, hit["hit"]
+
+    def after(self, rid, ids, had):
+        """After the prefill: store what LMCache did not have (`had` tokens it had), end the session."""
+        if self.proc is None:
+            return
+        self._call(op="store", id=rid, tokens=ids, start=had)
+        self._call(op="end", id=rid)
+
+    def close(self):
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.write(json.dumps({"op": "close"}) + "\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        for path in self.ipc:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.proc = None
+
+
+LMCACHE = LMCacheConnector()
+
+
+def kv_transfer(args, engines, served, avail):
+    """--kv-transfer-config: LMCacheMPConnector registers with the LMCache server (after the KV cache
+    is sized, as in vLLM); any other connector is accepted and does nothing here."""
+    raw = args.get("kv-transfer-config")
+    if not raw or raw is True:
+        return
+    try:
+        cfg = json.loads(raw)
+    except ValueError as e:
+        print(f"vllm serve: error: argument --kv-transfer-config: Value {raw} cannot be converted to "
+              f"<class 'vllm.config.kv_transfer.KVTransferConfig'>: {e}", file=sys.stderr, flush=True)
+        stop_children()
+        sys.exit(2)
+    if cfg.get("kv_connector") == "LMCacheMPConnector" and args["node-rank"] == 0:
+        LMCACHE.start(cfg, args, engines, served, avail)
+
+
+def prefill(ids, block, st, rid):
+    """The request's prefill, modeled: vLLM's own prefix cache first, then LMCache for what follows;
+    every token neither has costs RAILYARD_LAB_PREFILL_US_PER_TOKEN, a retrieve its real time."""
+    try:
+        us = float(os.environ.get(PREFILL_US_ENV, PREFILL_US_DEFAULT))
+    except ValueError:
+        us = PREFILL_US_DEFAULT
+    hashes = block_hashes(ids, block)
+    local = 0
+    for h in hashes:
+        if h not in LOCAL_BLOCKS:
+            break
+        local += block
+    local = min(local, len(ids) - 1)
+    st["prefix_q"] += len(ids)
+    st["prefix_h"] += local
+    with LMCACHE.lock:
+        computed, had = LMCACHE.request(rid, ids, local, st)
+        time.sleep(max(0, len(ids) - computed) * us / 1e6)
+        LOCAL_BLOCKS.update(hashes)
+        LMCACHE.after(rid, ids, had)
+    if LMCACHE.proc is not None:
+        q, h = st["ext_q"], st["ext_h"]
+        log(f"Engine 000: Prefix cache hit rate: {100 * st['prefix_h'] / max(1, st['prefix_q']):.1f}%, "
+            f"External prefix cache hit rate: {100 * h / max(1, q):.1f}%", where="loggers.py:259")
+    return computed
+
+
 # ---------------------------------------------------------------- HTTP
 
 def make_handler(args, served, key):
@@ -604,13 +844,14 @@ def make_handler(args, served, key):
             words = ["The", " two", " stations", " answer", " over", " the", " rail", "."]
             st = STATS[sum(e["requests"] for e in STATS) % len(STATS)]  # the DP coordinator spreads requests
             st["requests"] += 1
-            st["prompt"] += max(1, len(prompt.split()))
+            rid = f"chatcmpl-{uuidlib.uuid4().hex}"
+            ids = token_ids(prompt)
+            prefill(ids, args["block-size"], st, rid)
+            st["prompt"] += len(ids)
             st["generation"] += len(words)
-            st["prefix_q"] += max(1, len(prompt.split()))
             st["spec_drafts"] += 4
             st["spec_accepted"] += 3
-            rid = f"chatcmpl-{uuidlib.uuid4().hex}"
-            usage = {"prompt_tokens": max(1, len(prompt.split())), "total_tokens": max(1, len(prompt.split())) + len(words),
+            usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(words),
                      "completion_tokens": len(words), "prompt_tokens_details": None}
             if req.get("stream"):
                 self.send_response(200)
@@ -649,6 +890,10 @@ METRICS = (  # (name, type, help, STATS key), in vLLM's order
     ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
      "prefix_q"),
     ("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", "prefix_h"),
+    ("vllm:external_prefix_cache_queries_total", "counter", "External prefix cache queries from KV connector "
+     "cross-instance cache sharing, in terms of number of queried tokens.", "ext_q"),
+    ("vllm:external_prefix_cache_hits_total", "counter", "External prefix cache hits from KV connector "
+     "cross-instance cache sharing, in terms of number of cached tokens.", "ext_h"),
     ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt"),
     ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", "generation"),
     ("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", "spec_drafts"),
@@ -682,6 +927,7 @@ def main(argv):
             return
         stop.set()
         log(f"Shutting down ({signal.Signals(sig).name})", where="launcher.py:80")
+        LMCACHE.close()  # unregisters its KV caches: LMCache lets go of their memory
         stop_children()  # the engine cores and workers end; their GPUs are free again
         sys.stdout.flush()
         os._exit(0)
@@ -778,6 +1024,7 @@ def main(argv):
         log(f"Maximum concurrency for {args['max-model-len']:,} tokens per request: "
             f"{tokens / args['max-model-len']:.2f}x", where="kv_cache_utils.py:1091", who=e["name"], pid=e["pid"])
     STATS[:] = [dict(dict.fromkeys(STAT_KEYS, 0), kv=0.0) for _ in engines]
+    kv_transfer(args, engines, served, [kv_cache(args, e, weights, per_token)[0] for e in engines])
     key = os.environ.get("VLLM_API_KEY") or None
     host = args["host"] or "0.0.0.0"
     httpd = ThreadingHTTPServer((host, args["port"]), make_handler(args, served, key))
