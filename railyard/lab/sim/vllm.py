@@ -662,7 +662,7 @@ class LMCacheConnector:
         if "error" in hello:
             self.proc.kill()
             self.proc = None
-            fail_in(workers[0][0], workers[0][1], hello["error"], "ConnectionError", where="multiproc_executor.py:741")
+            fail_in(e["name"], e["pid"] or os.getpid(), hello["error"], "ConnectionError")
         self.chunk = hello["chunk"]
         for (name, pid), iid in zip(workers, hello["registered"]):
             print(f"({name} pid={pid}) [{time.strftime('%Y-%m-%d %H:%M:%S')}] LMCache INFO: LMCache MP worker "
