@@ -118,11 +118,32 @@ def verify_rdma(c, inventory=None, log=None, json=False, set_=None):
     cli.verify_rdma(inventory, log, json, set_)
 
 
-@task(help={"inventory": INVENTORY, "json": JSON, "watch": "repeat every N seconds as a live view", "set": SET},
+@task(help={"inventory": INVENTORY, "json": JSON, "watch": "repeat every N seconds as a live view",
+            "cache-proof": "replicas layout: one long new prompt to r0, then to r1; r1 must be faster from LMCache",
+            "proof-words": "length of that prompt in words (default 16384)", "set": SET},
       iterable=["set_"])
-def health(c, inventory=None, json=False, watch=None, set_=None):
+def health(c, inventory=None, json=False, watch=None, cache_proof=False, proof_words=None, set_=None):
     """Services up and on their GPUs; the endpoint's /health, /v1/models, a real chat completion, /metrics."""
-    cli.health(inventory, json, _num(watch, "--watch"), set_)
+    words = _int(proof_words, "--proof-words") if proof_words is not None else 16384
+    cli.health(inventory, json, _num(watch, "--watch"), set_, cache_proof=words if cache_proof else 0)
+
+
+@task(help={"inventory": INVENTORY, "replica": "restart this replica (r0, r1, ...) even if healthy: a planned restart",
+            "dry-run": "print the path recover would take and why; change nothing",
+            "timeout": "seconds each start may take to pass its gates (default: vllm_start_timeout_s)",
+            "drain-timeout": "seconds to wait for a drained replica's requests in flight (default 300)",
+            "json": JSON, "set": SET}, iterable=["set_"])
+def recover(c, inventory=None, replica=None, dry_run=False, timeout=None, drain_timeout=None, json=False, set_=None):
+    """Replicas layout: bring a crashed replica back (alone, or with LMCache when it holds the GPUs)."""
+    cli.recover(inventory, replica, dry_run, _num(timeout, "--timeout"),
+                _num(drain_timeout, "--drain-timeout") if drain_timeout is not None else 300.0, json, set_)
+
+
+@task(help={"inventory": INVENTORY, "compose": "write DIR/docker-compose.yml and the files it mounts", "set": SET},
+      iterable=["set_"])
+def render(c, inventory=None, compose=None, set_=None):
+    """Write the deployment in another form (a Docker Compose project), rendered from the same plan."""
+    cli.render(inventory, compose, set_)
 
 
 @task(name="nccl-check", help={"inventory": INVENTORY, "sizes": "message sizes, e.g. 1M,16M,256M,1G (default: nccl_check_sizes)",
@@ -213,3 +234,5 @@ def plan(c, inventory=None, model=None, gpu_memory_gib=None, gpus=None, context=
 
 
 ns.add_task(plan)
+ns.add_task(recover)
+ns.add_task(render)

@@ -20,7 +20,7 @@ from rich.text import Text
 from .errors import InventoryError, RailyardError
 from .inventory import Inventory, load_inventory
 from .report import (console, error_report, health_report, nccl_report, plan_report, print_checks, rdma_report,
-                     status_report, sync_report, verdict_table)
+                     recover_report, status_report, sync_report, verdict_table)
 
 
 def entry(fn):
@@ -299,10 +299,10 @@ def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, jso
     return report.exit_code
 
 
-def _health_once(inv, json_out: bool, indent: int | None = 2) -> int:
+def _health_once(inv, json_out: bool, indent: int | None = 2, cache_proof: int = 0) -> int:
     from rich.table import Table
     from .verify import health as run
-    plan, ranks, probes, metrics = run(inv)
+    plan, ranks, probes, metrics = run(inv, cache_proof)
     report = health_report(ranks, probes, metrics, plan.endpoint.host)
     ok = report.ok
     if json_out:
@@ -323,7 +323,7 @@ def _health_once(inv, json_out: bool, indent: int | None = 2) -> int:
         p.add_row(pr.name, Text("OK" if pr.ok else "FAIL", style="green" if pr.ok else "bold red"), pr.detail,
                   f"{pr.ms:.0f} ms" if pr.ms else "-")
     con.print(p)
-    if metrics:
+    if metrics and "running" in metrics:
         fmt = lambda v, pct=False: "-" if v is None else (f"{v * 100:.1f} %" if pct else f"{v:g}")
         con.print(f"metrics: running {fmt(metrics['running'])}, waiting {fmt(metrics['waiting'])}, KV cache "
                   f"{fmt(metrics['kv_cache_usage'], True)}, prefix-cache hit rate "
@@ -338,11 +338,12 @@ def _health_once(inv, json_out: bool, indent: int | None = 2) -> int:
 
 
 @entry
-def health(inventory: str | None = None, json_out: bool = False, watch: float | None = None, overrides=None) -> int:
+def health(inventory: str | None = None, json_out: bool = False, watch: float | None = None, overrides=None,
+           cache_proof: int = 0) -> int:
     import time as _time
     inv = _inventory(inventory, overrides)
     if not watch:
-        return _health_once(inv, json_out)
+        return _health_once(inv, json_out, cache_proof=cache_proof)
     if watch < 1:
         from .errors import UsageError
         raise UsageError(f"--watch {watch}: at least 1 second")
@@ -503,3 +504,42 @@ def plan(inventory: str | None = None, model: str | None = None, gpu_memory_gib:
         return report.print_json()
     print_plan(result, console())
     return report.exit_code
+
+
+@entry
+def render(inventory: str | None = None, compose: str | None = None, overrides=None) -> int:
+    from .errors import UsageError
+    from .launch import render_compose
+    if not compose:
+        raise UsageError("--compose DIR: where to write docker-compose.yml")
+    paths = render_compose(_inventory(inventory, overrides), compose)
+    console().print(f"wrote {', '.join(str(p) for p in paths)}; run `docker compose up -d` in {compose} on the host")
+    return 0
+
+
+@entry
+def recover(inventory: str | None = None, replica: str | None = None, dry_run: bool = False,
+            timeout: float | None = None, drain_timeout: float = 300.0, json_out: bool = False, overrides=None) -> int:
+    from .launch import recover as run
+    con = console()
+    plan, rec = run(_inventory(inventory, overrides), replica, dry_run, timeout, drain_timeout,
+                    None if json_out else con)
+    if json_out:
+        return recover_report(plan, rec, dry_run).print_json()
+    title = {"none": "nothing to recover", "short": "short path: restart the replica alone",
+             "long": "long path: restart LMCache and every replica", "blocked": "blocked"}[rec.path]
+    con.print(Text(f"recover ({plan.deployment}): {title}", style="bold"))
+    for w in rec.why:
+        con.print(f"  why: {w}")
+    if dry_run or rec.path in ("none", "blocked"):
+        for i, st in enumerate(rec.steps, 1):
+            con.print(f"  {'would' if dry_run and rec.path != 'blocked' else 'do'} {i}. {st}")
+    for d in rec.done:
+        con.print(Text(f"  done: {d}", style="green"))
+    if rec.failure:
+        con.print(Text(f"FAILED: {rec.failure}", style="bold red"))
+    elif rec.path == "blocked":
+        con.print(Text("FAILED: recover does not touch a process it did not start", style="bold red"))
+    elif not dry_run and rec.path != "none":
+        con.print(Text(f"OK: {', '.join(rec.replicas)} recovered", style="bold green"))
+    return 0 if rec.ok else 1

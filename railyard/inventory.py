@@ -49,7 +49,7 @@ CLUSTER_WIDE = (
 
 MAX_YAML_BYTES = 4 << 20  # an inventory is kilobytes; refuse what no one wrote by hand
 # The values serve_layout takes; each is a module of railyard/serving/layouts.
-LAYOUTS = ("multinode_tp", "single_node_tp", "dp_ep")
+LAYOUTS = ("multinode_tp", "single_node_tp", "dp_ep", "replicas")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 IFACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")

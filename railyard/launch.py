@@ -137,3 +137,46 @@ def launch_script(inv: Inventory, out_dir: str) -> Path:
     except OSError as e:
         raise UsageError(f"--out {out_dir}: {e.strerror}") from None
     return path
+
+
+def render_compose(inv: Inventory, out_dir: str) -> list[Path]:
+    """Write DIR/docker-compose.yml (and the files it mounts) for the inventory's one-host layout; one
+    round trip to the host for its GPUs (UUIDs) and CPUs, nothing changed there."""
+    from .render import compose
+    with _runner(inv) as runner:
+        plan = build_plan(inv, runner)
+    try:
+        files = compose.render(plan)
+    except ValueError as e:
+        raise UsageError(f"--compose: {e}") from None
+    d = Path(out_dir)
+    written = []
+    try:
+        for rel, text in files.items():
+            path = d / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+            written.append(path)
+    except OSError as e:
+        raise UsageError(f"--compose {out_dir}: {e.strerror}") from None
+    return written
+
+
+def recover(inv: Inventory, replica: str | None, dry_run: bool, timeout: float | None, drain_timeout: float,
+            console):
+    """`inv recover`: look at the replicas and their GPUs, choose the short or the long path (or none, or
+    blocked), and unless dry_run take it under the operator lock."""
+    from .ops import replicas as rec_ops
+    with _runner(inv) as runner:
+        plan = build_plan(inv, runner, strict=False)
+        if plan.layout != "replicas":
+            raise UsageError(f"inv recover: layout {plan.layout} has no replicas to recover (serve_layout replicas)")
+        rec, _ = rec_ops.survey(plan, runner, replica)
+        if dry_run or rec.path in ("none", "blocked"):
+            return plan, rec
+        util = float(inv.head.vars["vllm_gpu_memory_utilization"])
+        with locked(inv, runner, "inv recover"):
+            return plan, rec_ops.execute(plan, runner, rec, util, float(timeout or inv.head.vars["vllm_start_timeout_s"]),
+                                         drain_timeout, console)

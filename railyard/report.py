@@ -435,3 +435,19 @@ def print_checks(results: list[CheckResult], as_json: bool, title: str) -> int:
     con.print(checks_table(results, title))
     con.print(Text(summary(results), style="bold green" if rep.ok else "bold red"))
     return rep.exit_code
+
+
+def recover_report(plan, rec, dry_run: bool) -> Report:
+    """`inv recover`: one `recover` check on the layout's host (pass: recovered, nothing to do, or a dry
+    run that can proceed); data: the path, why, the steps and what was done."""
+    host = plan.endpoint.host
+    if rec.failure or rec.path == "blocked":
+        status, detail = FAIL, rec.failure or "; ".join(rec.why)
+    else:
+        status = PASS
+        detail = {"none": "nothing to recover", "short": "short path", "long": "long path"}[rec.path] + (
+            " (dry run)" if dry_run and rec.path != "none" else "") + (f": {', '.join(rec.replicas)}" if rec.replicas else "")
+    check = CheckResult(host, "recover", status, detail, "; ".join(rec.why),
+                        "" if status == PASS else "inv status; inv logs --rank SERVICE --lines 50")
+    return Report([check], {"path": rec.path, "replicas": rec.replicas, "why": rec.why, "steps": rec.steps,
+                            "done": rec.done, "failure": rec.failure or None, "dry_run": dry_run})

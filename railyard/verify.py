@@ -26,13 +26,14 @@ from .inventory import Inventory
 from .launch import build_plan
 from .nccl import RankVerdict, judge
 from .ops.containers import inspect, log_tail, uptime
+from .ops.http import parse_metrics, request
 from .ops.launch import describe
 from .runner import Runner
 from .serving import layouts
 from .serving.hostfacts import gpu_usage
 from .serving.spec import Endpoint, LaunchPlan, Service
 from .serving.vllm import metric_engines, parse_kv_cache
-from .transport import Session, cmd, q
+from .transport import Session, cmd
 
 NCCL_LIB_PY = ("import os, nvidia.nccl as n; p = os.path.join(list(n.__path__)[0], 'lib', 'libnccl.so.2'); "
                "print(p if os.path.exists(p) else 'missing ' + p)")
@@ -164,39 +165,7 @@ class RankHealth:
 
 def _curl(s: Session, ep: Endpoint, path: str, body: dict | None = None, timeout: int = 60) -> tuple[int, float, str]:
     """One HTTP request from the endpoint's host to its own API, the key read from its file there."""
-    url = f"http://{ep.local_address}:{ep.port}{path}"
-    auth = f'-H "Authorization: Bearer $(cat {q(ep.api_key_file)} 2>/dev/null)"' if ep.api_key_file else ""
-    data = ""
-    if body is not None:
-        data = "-H 'Content-Type: application/json' --data-binary @-"
-    line = (f"curl -sS --max-time {int(timeout)} {auth} {data} -w '\\n@@%{{http_code}} %{{time_total}}' "
-            f"{q(url)}")
-    r = s.run(line, timeout=timeout + 10, stdin=json.dumps(body).encode() if body is not None else None)
-    if r.error:
-        return 0, 0.0, f"{r.error.kind}: {r.error.message}"
-    text, _, tail = r.stdout.rpartition("\n@@")
-    try:
-        code, secs = tail.split()
-        if int(code) == 0:  # no HTTP answer at all: curl's own error says why
-            return 0, float(secs) * 1000, (r.stderr.strip().splitlines() or ["no answer"])[-1]
-        return int(code), float(secs) * 1000, text
-    except ValueError:
-        return 0, 0.0, (r.stderr or r.stdout).strip()[:200]
-
-
-def parse_metrics(text: str) -> dict:
-    """Sum Prometheus samples by metric name (labels dropped)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^([A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+([-+0-9.eEinfNa]+)", line)
-        if m:
-            try:
-                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
-            except ValueError:
-                pass
-    return out
+    return request(s, ep, path, body, timeout)[:3]
 
 
 def summarize_metrics(m: dict) -> dict:
@@ -234,18 +203,21 @@ def _service_health(s: Session, svc: Service) -> RankHealth:
     reasons = []
     if not c.exists or not c.running:
         reasons.append(f"container {svc.spec.name} is {c.status if c.exists else 'missing'}")
-    if c.running and svc.spec.gpus.count and not procs:
+    serves_on_gpu = svc.spec.gpus.count and svc.expects("gpu_process", "required") == "required"
+    if c.running and serves_on_gpu and not procs:
         reasons.append("no serving process on the GPU")
     holding = {p.gpu_uuid for p in procs}
     idle = [u for u in svc.spec.gpus.uuids if u and u not in holding]
-    if c.running and procs and idle:
+    if c.running and serves_on_gpu and procs and idle:
         reasons.append(f"{len(idle)} of its {len(svc.spec.gpus.uuids)} GPUs hold no serving process")
     return RankHealth(svc.host, svc.rank, svc.name, c.status if c.exists else "missing",
                       uptime(c.started) if c.running else None, used, procs[0].name if procs else None,
                       not reasons, reasons)
 
 
-def health(inv: Inventory) -> tuple[LaunchPlan, list[RankHealth], list[Probe], dict]:
+def health(inv: Inventory, cache_proof_words: int = 0) -> tuple[LaunchPlan, list[RankHealth], list[Probe], dict]:
+    """Every service's container and GPUs, then the layout's API probes; cache_proof_words > 0 (the
+    replicas layout): the cross-replica cache proof with a prompt of that many words."""
     with Runner(layouts.get(inv).hosts(inv)) as runner:
         plan = build_plan(inv, runner, strict=False)
         got = runner.each(lambda s: [_service_health(s, svc) for svc in plan.on_host(s.host.name)])
@@ -257,6 +229,15 @@ def health(inv: Inventory) -> tuple[LaunchPlan, list[RankHealth], list[Probe], d
                 for svc in plan.on_host(h)]
         ep = plan.endpoint
         s = runner.session(ep.host)
+        if "replicas" in plan.verifiers:
+            from . import replicas
+            probes, metrics = replicas.health_probes(runner, plan, [r.service for r in ranks if r.state == "running"])
+            if cache_proof_words:
+                proof, metrics["cache_proof"] = replicas.cache_proof(runner, plan, cache_proof_words)
+                probes.append(proof)
+            return plan, ranks, probes, metrics
+        if cache_proof_words:
+            raise UsageError(f"--cache-proof: layout {plan.layout} has no shared cache (serve_layout replicas has)")
         probes, metrics = _api_probes(s, ep)
         svc = plan.service(ep.service)
         text = metrics.pop("_text", "")

@@ -299,7 +299,7 @@ def test_health_and_verify_tasks(capsys, monkeypatch, no_inventory):
     from railyard import verify
     plan = type("P", (), {"endpoint": type("E", (), {"host": "A", "service": "rank0"})(), "layout": "multinode_tp",
                           "hosts": lambda self: ["A", "B"]})()
-    monkeypatch.setattr(verify, "health", lambda inv: (plan, *health_data(dead="B")))
+    monkeypatch.setattr(verify, "health", lambda inv, proof=0: (plan, *health_data(dead="B")))
     code, out, _ = run_task(capsys, cli.health, None, True)
     assert code == 1 and json.loads(out)["ok"] is False
     monkeypatch.setattr(verify, "verify_rdma", lambda inv: (plan, [gdr("A"), gdr("B")]))

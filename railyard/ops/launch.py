@@ -18,13 +18,13 @@ import time
 from dataclasses import dataclass, field
 
 from .. import facts as F
-from ..errors import LaunchError, UsageError
+from ..errors import CommandFailed, LaunchError, UsageError
 from ..render.docker import config_hash, run_line
 from ..runner import Runner
 from ..serving.hostfacts import gpu_usage
 from ..serving.spec import Gate, LaunchPlan, Service
 from ..serving.vllm import parse_kv_cache
-from ..transport import RemotePath, Session, cmd, q, write_remote
+from ..transport import RemotePath, Session, cmd, q, read_remote, write_remote
 from .containers import inspect, log_tail, uptime
 from .envfiles import EnvFile
 
@@ -76,10 +76,10 @@ class LaunchReport:
 
 # ---------------------------------------------------------------- gates
 
-def _http(s: Session, svc: Service, path: str) -> tuple[bool, str]:
+def _http(s: Session, svc: Service, g: Gate) -> tuple[bool, str]:
     bind = svc.spec.bind
     addr = "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
-    url = f"http://{addr}:{svc.spec.ports[0]}{path}"
+    url = f"http://{addr}:{g.port or svc.spec.ports[0]}{g.path}"
     r = s.run(cmd("curl", "-fsS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", url), timeout=15)
     return (r.ok and r.stdout.strip() == "200"), (r.stdout.strip() or r.stderr.strip())
 
@@ -117,7 +117,7 @@ def pending_gates(s: Session, svc: Service) -> tuple[list[Gate], str]:
         pending += [g for g in svc.ready if g.kind == "http"]
     else:
         for g in (g for g in svc.ready if g.kind == "http"):
-            ok, why = _http(s, svc, g.path)
+            ok, why = _http(s, svc, g)
             if not ok:
                 pending.append(g)
                 detail = f"{', '.join(_short(x) for x in logs) or 'started'} seen; {g.path} not yet: {why}"
@@ -267,31 +267,38 @@ def _wait_started(s: Session, svc: Service, deadline: float, timeout: float, st:
 # ---------------------------------------------------------------- apply
 
 def prechecks(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: str) -> None:
+    """Before anything starts: the env files current, every pinned image on the hosts that run it (one
+    image id per image everywhere) and the checkpoint on every host whose services mount it."""
     stale = sorted({f.host for f in files if f.changed}, key=plan.hosts().index)
     if stale:
         raise LaunchError(f"the env files are not current on {', '.join(stale)}: run `inv env` (see `inv env --check`)")
-    image = plan.services()[0].spec.image
-    hosts = plan.hosts()
+    images = {h: list(dict.fromkeys(s.spec.image for s in plan.on_host(h))) for h in plan.hosts()}
+    model_hosts = {s.host for s in plan.services() if any(m.kind == "model" for m in s.spec.mounts)}
 
     def look(s: Session):
-        r = s.run(cmd("docker", "image", "inspect", image), timeout=60)
-        try:
-            imgs = F.parse_image_inspect(r.stdout) if not r.error else []
-        except F.ParseError:
-            imgs = []
-        m = s.run(f"test -f {q(RemotePath(model_path + '/config.json'))}", timeout=30)
-        return (imgs[0].id if imgs else None), m.ok
+        ids = {}
+        for image in images[s.host.name]:
+            r = s.run(cmd("docker", "image", "inspect", image), timeout=60)
+            try:
+                imgs = F.parse_image_inspect(r.stdout) if not r.error else []
+            except F.ParseError:
+                imgs = []
+            ids[image] = imgs[0].id if imgs else None
+        ok = s.host.name not in model_hosts or s.run(
+            f"test -f {q(RemotePath(model_path + '/config.json'))}", timeout=30).ok
+        return ids, ok
 
-    got = runner.each(look, [runner.session(h).host for h in hosts])
-    got = {n: (v if isinstance(v, tuple) else (None, False)) for n, v in got.items()}
-    missing_img = [n for n, (i, _) in got.items() if not i]
-    if missing_img:
-        raise LaunchError(f"the pinned image is not on {', '.join(missing_img)}: docker pull {image} there "
-                          "(`inv preflight` checks it)")
-    ids = {i for i, _ in got.values()}
-    if len(ids) > 1:
-        raise LaunchError("the image id differs between ranks: " +
-                          ", ".join(f"{n}={i[:19]}" for n, (i, _) in got.items()) + f" (docker pull {image} everywhere)")
+    got = runner.each(look, [runner.session(h).host for h in plan.hosts()])
+    got = {n: (v if isinstance(v, tuple) else ({i: None for i in images[n]}, False)) for n, v in got.items()}
+    for image in dict.fromkeys(i for imgs in images.values() for i in imgs):
+        having = {n: ids[image] for n, (ids, _) in got.items() if image in ids}
+        missing_img = [n for n, i in having.items() if not i]
+        if missing_img:
+            raise LaunchError(f"the pinned image is not on {', '.join(missing_img)}: docker pull {image} there "
+                              "(`inv preflight` checks it)")
+        if len(set(having.values())) > 1:
+            raise LaunchError("the image id differs between ranks: " +
+                              ", ".join(f"{n}={i[:19]}" for n, i in having.items()) + f" (docker pull {image} everywhere)")
     no_model = [n for n, (_, ok) in got.items() if not ok]
     if no_model:
         raise LaunchError(f"no checkpoint (config.json) at {model_path} on {', '.join(no_model)}: run `inv sync-model`")
@@ -304,9 +311,24 @@ def ensure_secrets(plan: LaunchPlan, runner: Runner) -> list[str]:
         for sec in svc.spec.secrets:
             s = runner.session(svc.host)
             if not s.run(f"test -s {q(RemotePath(sec.host_file))}", timeout=30).ok:
-                write_remote(s, sec.host_file, secrets.token_urlsafe(32) + "\n")
+                write_remote(s, sec.host_file, sec.prefix + secrets.token_urlsafe(32) + "\n")
                 made.append(f"{svc.host}:{sec.host_file}")
     return made
+
+
+def ensure_files(plan: LaunchPlan, runner: Runner, services: list[Service]) -> None:
+    """The services' own folders (state mounts) and rendered files on their hosts; a file is written
+    only when its content differs."""
+    for svc in services:
+        s = runner.session(svc.host)
+        dirs = [m.source for m in svc.spec.mounts if m.kind == "state"]
+        if dirs:
+            r = s.run(cmd("mkdir", "-p", *[RemotePath(d) for d in dirs]), timeout=30)
+            if not r.ok:
+                raise CommandFailed(r, f"could not make {', '.join(dirs)}")
+        for f in svc.spec.files:
+            if read_remote(s, f.host_path) != f.content:
+                write_remote(s, f.host_path, f.content, mode=f"{f.mode:o}")
 
 
 def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: str, recreate: bool, timeout: float,
@@ -329,6 +351,7 @@ def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: st
         if svc.name in present:
             runner.session(svc.host).run(cmd("docker", "rm", "-f", svc.spec.name), timeout=120)
     ensure_secrets(plan, runner)
+    ensure_files(plan, runner, services)
 
     def start_one(svc: Service) -> str | None:
         r = runner.session(svc.host).run(commands[svc.name], timeout=300)

@@ -80,7 +80,8 @@ def run_argv(plan: LaunchPlan, svc: Service, with_hash: bool = True) -> list[str
     for s in spec.secrets:
         argv += ["-v", f"{s.host_file}:{s.target}:ro"]
     if spec.setup or spec.secrets:
-        argv += ["--entrypoint", "bash", spec.image, "-lc", entry_script(plan, svc)]
+        argv += ["--entrypoint", spec.shell, spec.image, "-lc" if spec.shell == "bash" else "-c",
+                 entry_script(plan, svc)]
     else:
         argv += ["--entrypoint", value(spec.command[0], r), spec.image] + [value(a, r) for a in spec.command[1:]]
     return argv

@@ -63,7 +63,8 @@ class Mount:
     source: str  # absolute path on the host
     target: str  # path inside the container
     read_only: bool = True
-    kind: str = "bind"  # bind | model (the checkpoint: a volume the user names elsewhere)
+    kind: str = "bind"  # bind | model (the checkpoint: a volume the user names elsewhere) | state (a
+                        # folder of the service's own, made on the host before it starts)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,17 @@ class Secret:
     env: str
     host_file: str  # absolute path on the host
     target: str     # where the container sees the file
+    prefix: str = ""  # what a generated value starts with (LiteLLM's keys: sk-)
+
+
+@dataclass(frozen=True)
+class File:
+    """A file the plan renders (a router's config), written on the host before the service starts;
+    its content is part of the spec, so a change is another configuration."""
+
+    host_path: str  # absolute path on the host
+    content: str
+    mode: int = 0o644
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,7 @@ class Gate:
     running: the container runs and its process stays up for `seconds`;
     log: `pattern` appears in the log;
     kv_engines: `count` engine cores (DP ranks) have logged their KV cache size;
-    http: GET `path` on the service's port answers 200.
+    http: GET `path` on the service's port (or `port`) answers 200.
     """
 
     kind: str
@@ -90,6 +102,7 @@ class Gate:
     pattern: str = ""
     count: int = 1
     path: str = ""
+    port: int = 0
 
     def describe(self) -> str:
         if self.kind == "running":
@@ -118,6 +131,8 @@ class ContainerSpec:
     cpuset: str = ""                                 # CPUs of the GPUs' NUMA node, e.g. "0-55,112-167"
     ulimits: tuple[tuple[str, str], ...] = ()        # besides memlock (that one is RDMA's)
     labels: tuple[tuple[str, str], ...] = ()
+    files: tuple[File, ...] = ()                     # rendered files the service reads (mounted by `mounts`)
+    shell: str = "bash"                              # what runs setup lines and secrets: bash, or sh (no bash in the image)
     host_network: bool = True
     host_ipc: bool = True
 
@@ -210,9 +225,21 @@ def _hosts_of(services: list[Service]) -> list[str]:
     return list(dict.fromkeys(s.host for s in services))
 
 
+# Fields added after the first release: left out of the hash while at their default, so containers
+# that release started are still this plan's (no --recreate after an upgrade).
+_LATER_FIELDS = {"files": (), "shell": "bash"}
+
+
 def spec_dict(spec: ContainerSpec) -> dict:
     """The spec as plain JSON-able data (a Ref becomes {"name": ...})."""
-    return asdict(spec)
+    d = asdict(spec)
+    for k, default in _LATER_FIELDS.items():
+        if getattr(spec, k) == default:
+            d.pop(k)
+    for sec in d["secrets"]:
+        if not sec["prefix"]:
+            sec.pop("prefix")
+    return d
 
 
 def spec_hash(spec: ContainerSpec, resolved: dict | None = None) -> str:

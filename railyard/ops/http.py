@@ -1,0 +1,57 @@
+"""One HTTP request from a service's host to a service there, with curl over the host's session.
+
+The API key is read from its file on that host into curl's config on stdin (a shell builtin
+prints it), so it is never in any process's argv; the request body travels the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ..serving.spec import Endpoint
+from ..transport import Session, q
+
+
+def _config_string(text: str) -> str:
+    """A value in curl's config syntax: double-quoted, backslash and quote escaped."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def request(s: Session, ep: Endpoint, path: str, body: dict | None = None, timeout: int = 60,
+            header: str = "") -> tuple[int, float, str, str]:
+    """(HTTP code or 0, milliseconds, body text or curl's error, the response header `header` or "")."""
+    url = f"http://{ep.local_address}:{ep.port}{path}"
+    config = f"url = {_config_string(url)}\n"
+    if body is not None:
+        config += 'header = "Content-Type: application/json"\n' + f"data-binary = {_config_string(json.dumps(body))}\n"
+    key = (f"printf 'header = \"Authorization: Bearer %s\"\\n' \"$(cat {q(ep.api_key_file)} 2>/dev/null)\"; "
+           if ep.api_key_file else "")
+    marker = "%header{" + header + "}" if header else ""
+    line = f"{{ {key}cat; }} | curl -sS --max-time {int(timeout)} -K - -w '\\n@@%{{http_code}} %{{time_total}} {marker}'"
+    r = s.run(line, timeout=timeout + 10, stdin=config.encode())
+    if r.error:
+        return 0, 0.0, f"{r.error.kind}: {r.error.message}", ""
+    text, _, tail = r.stdout.rpartition("\n@@")
+    try:
+        code, secs, *rest = tail.split(" ", 2)
+        if int(code) == 0:  # no HTTP answer at all: curl's own error says why
+            return 0, float(secs) * 1000, (r.stderr.strip().splitlines() or ["no answer"])[-1], ""
+        return int(code), float(secs) * 1000, text, (rest[0].strip() if rest else "")
+    except ValueError:
+        return 0, 0.0, (r.stderr or r.stdout).strip()[:200], ""
+
+
+def parse_metrics(text: str) -> dict:
+    """Sum Prometheus samples by metric name (labels dropped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+([-+0-9.eEinfNa]+)", line)
+        if m:
+            try:
+                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+            except ValueError:
+                pass
+    return out

@@ -1,0 +1,173 @@
+"""`inv health` for the replicas layout, and `inv health --cache-proof`.
+
+Probes, each from the host itself (the replicas and LMCache listen on 127.0.0.1 there):
+- each replica: /health, its KV cache size, and its LMCache connector's registration line;
+- LMCache: /healthcheck, and /status: one registered GPU id per GPU of every live replica;
+- the router: /health/readiness (the proxy is up), its authenticated /health (which replicas it
+  sees healthy, and why not the others), and a real chat completion through it, with the replica
+  that answered (LiteLLM's x-litellm-model-id header).
+
+The cache proof sends one long prompt, new each time, to r0 and then to r1 directly: r1 must
+answer its first token clearly faster (< PROOF_RATIO x r0's time) and LMCache must have
+retrieved tokens for it; otherwise the cache is not shared (a PYTHONHASHSEED mismatch, say).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from .ops.containers import log_tail
+from .ops.http import parse_metrics, request
+from .ops.replicas import replica_endpoint
+from .runner import Runner
+from .serving.lmcache import HEALTH_PATH, REGISTERED_LINE, STATUS_PATH, parse_status
+from .serving.litellm import READY_PATH, parse_health
+from .serving.spec import Endpoint, LaunchPlan, Service
+from .serving.vllm import parse_kv_cache
+from .transport import Session, cmd
+from .verify import Probe
+
+PROOF_RATIO = 0.8
+_RETRIEVED = re.compile(r"Retrieved (\d+) tokens")
+WORDS = ("river", "signal", "copper", "lantern", "orbit", "meadow", "harbor", "ember", "quartz", "willow", "canyon",
+         "falcon", "marble", "tundra", "violet", "summit")
+
+
+def _lmcache_endpoint(svc: Service) -> Endpoint:
+    return Endpoint(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0])
+
+
+def _replica_probes(s: Session, plan: LaunchPlan, svc: Service) -> tuple[list[Probe], dict]:
+    code, ms, text, _ = request(s, replica_endpoint(svc, plan.endpoint.model), "/health", timeout=10)
+    log = log_tail(s, svc.spec.name, None)
+    kv = parse_kv_cache(log)
+    registered = REGISTERED_LINE in log
+    data = {"health": code, "kv_tokens": kv.get(0), "gpus": list(svc.spec.gpus.uuids), "lmcache_registered": registered}
+    return [Probe(f"{svc.name} /health", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms),
+            Probe(f"{svc.name} KV cache", bool(kv) and registered,
+                  (f"{kv[0]:,} tokens" if kv else "no `GPU KV cache size` line") + "; " +
+                  ("its LMCache connector registered its KV caches" if registered else
+                   f"no `{REGISTERED_LINE}` line: it is not connected to LMCache"))], data
+
+
+def _lmcache_probes(s: Session, plan: LaunchPlan, live: list[Service]) -> tuple[list[Probe], dict]:
+    svc = plan.service("lmcache")
+    ep = _lmcache_endpoint(svc)
+    code, ms, text, _ = request(s, ep, HEALTH_PATH, timeout=10)
+    out = [Probe("lmcache /healthcheck", code == 200 and '"healthy"' in text,
+                 f"HTTP {code}: {text.strip()[:120]}" if code else f"no answer: {text[:120]}", ms)]
+    code, ms, text, _ = request(s, ep, STATUS_PATH, timeout=10)
+    data: dict = {"healthcheck": out[0].ok}
+    want = sum(r.spec.gpus.count for r in live)
+    try:
+        st = parse_status(text) if code == 200 else None
+    except ValueError:
+        st = None
+    if st is None:
+        out.append(Probe("lmcache registrations", False, f"/status: HTTP {code}: {text.strip()[:120]}", ms))
+        return out, data
+    data.update(registered_gpu_ids=list(st.registered_gpu_ids), l1_used_bytes=st.l1_used_bytes,
+                l1_total_bytes=st.l1_total_bytes)
+    n = len(st.registered_gpu_ids)
+    out.append(Probe("lmcache registrations", n == want,
+                     f"{n} GPU ids registered, {want} expected (one per GPU of {len(live)} live replicas)"
+                     + ("" if n == want else "; a stale id is a crashed replica LMCache has not reaped"), ms))
+    return out, data
+
+
+def _router_probes(s: Session, plan: LaunchPlan, live: list[Service]) -> tuple[list[Probe], dict]:
+    ep = plan.endpoint
+    out = []
+    code, ms, text, _ = request(s, Endpoint(ep.service, ep.host, ep.bind, ep.port), READY_PATH, timeout=10)
+    out.append(Probe("router /health/readiness", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms))
+    code, ms, text, _ = request(s, ep, "/health", timeout=120)
+    data: dict = {}
+    try:
+        rh = parse_health(text) if code == 200 else None
+    except ValueError:
+        rh = None
+    if rh is None:
+        out.append(Probe("router sees replicas", False, f"/health: HTTP {code}: {text.strip()[:120]}", ms))
+    else:
+        data.update(healthy=list(rh.healthy), unhealthy=rh.unhealthy)
+        missing = [r.name for r in live if r.name not in rh.healthy]
+        detail = f"healthy: {', '.join(rh.healthy) or 'none'}" + (
+            "; unhealthy: " + "; ".join(f"{k} ({v})" if v else k for k, v in rh.unhealthy.items()) if rh.unhealthy else "")
+        out.append(Probe("router sees replicas", bool(rh.healthy) and not missing,
+                         detail + (f"; not healthy there: {', '.join(missing)}" if missing else ""), ms))
+    body = {"model": ep.model, "temperature": 0, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Reply with the single word: ready."}]}
+    code, ms, text, who = request(s, ep, "/v1/chat/completions", body, timeout=120, header="x-litellm-model-id")
+    data["answered_by"] = who or None
+    out.append(Probe("chat completion via router", code == 200 and bool(who),
+                     f"HTTP {code}" + (f"; answered by {who}" if who else "; no x-litellm-model-id header")
+                     + ("" if code == 200 else f": {text.strip()[:160]}"), ms))
+    return out, data
+
+
+def health_probes(runner: Runner, plan: LaunchPlan, live: list[str]) -> tuple[list[Probe], dict]:
+    """Every probe of the layout; live: the replicas whose containers run."""
+    s = runner.session(plan.endpoint.host)
+    replicas = [x for x in plan.services() if x.role == "replica"]
+    probes: list[Probe] = []
+    data: dict = {"replicas": {}}
+    for svc in replicas:
+        more, data["replicas"][svc.name] = _replica_probes(s, plan, svc)
+        probes += more
+    running = [r for r in replicas if r.name in live]
+    more, data["lmcache"] = _lmcache_probes(s, plan, running)
+    probes += more
+    more, data["router"] = _router_probes(s, plan, running)
+    probes += more
+    return probes, data
+
+
+# ---------------------------------------------------------------- the cache proof
+
+def proof_prompt(tokens: int) -> str:
+    """About `tokens` words, new each call (a random first word), so the first request is always cold."""
+    words = [secrets.token_hex(8)] + [WORDS[(i * 7 + i // 16) % len(WORDS)] for i in range(tokens - 1)]
+    return " ".join(words)
+
+
+def _retrieved(s: Session, name: str) -> int:
+    r = s.run(cmd("docker", "logs", name) + " 2>&1 | grep -o 'Retrieved [0-9]* tokens'", timeout=60)
+    return sum(int(m) for m in _RETRIEVED.findall(r.stdout))
+
+
+def cache_proof(runner: Runner, plan: LaunchPlan, tokens: int) -> tuple[Probe, dict]:
+    replicas = [x for x in plan.services() if x.role == "replica"]
+    if len(replicas) < 2:
+        return Probe("cache proof", False, "needs two replicas (vllm_replicas >= 2)"), {}
+    s = runner.session(plan.endpoint.host)
+    first, second = replicas[0], replicas[1]
+    lmc = plan.service("lmcache").spec.name
+    prompt = proof_prompt(tokens)
+    body = {"model": plan.endpoint.model, "temperature": 0, "max_tokens": 1,
+            "messages": [{"role": "user", "content": prompt}]}
+    out: dict = {"prompt_words": tokens}
+    before = _retrieved(s, lmc)
+    for svc in (first, second):
+        code, ms, text, _ = request(s, replica_endpoint(svc, plan.endpoint.model), "/v1/chat/completions", body,
+                                    timeout=1800)
+        if code != 200:
+            return Probe("cache proof", False, f"{svc.name} answered HTTP {code}: {text.strip()[:160]}"), out
+        out[f"{svc.name}_ms"] = round(ms, 1)
+        if svc is first:
+            mid = _retrieved(s, lmc)
+    after = _retrieved(s, lmc)
+    out["retrieved_tokens"] = after - mid
+    out["retrieved_tokens_first"] = mid - before
+    m = parse_metrics(request(s, replica_endpoint(second, plan.endpoint.model), "/metrics", timeout=10)[2])
+    hits = m.get("vllm:external_prefix_cache_hits_total")
+    out["external_prefix_cache_hits"] = hits
+    t0, t1 = out[f"{first.name}_ms"], out[f"{second.name}_ms"]
+    faster = t1 < PROOF_RATIO * t0
+    ok = faster and out["retrieved_tokens"] > 0
+    detail = (f"{tokens:,}-word prompt: {first.name} {t0 / 1000:.2f} s, then {second.name} {t1 / 1000:.2f} s "
+              f"({t1 / t0:.2f}x); LMCache retrieved {out['retrieved_tokens']:,} tokens for {second.name}")
+    if not ok:
+        detail += ("; the second replica did not reuse the first one's KV blocks: check that every replica and "
+                   "LMCache run with one PYTHONHASHSEED (inv env --check) and that both registered with LMCache")
+    return Probe("cache proof", ok, detail, t1), out
