@@ -756,7 +756,10 @@ def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200") -> Pat
                 "model_path": "~/models/GLM-5.3-NVFP4",
                 "model_size_gb": 4,
                 "vllm_image": f"{LAB_IMAGE_NAME}@{LAB_IMAGE_DIGEST}",
-                **({"litellm_image": f"{LITELLM_IMAGE_NAME}@{LITELLM_IMAGE_DIGEST}"} if shape == "hgx8" else {}),
+                # serve_layout replicas on this machine: a small LMCache L1 (it allocates all of it at
+                # start on a CPU), one LiteLLM worker (~380 MB each), a short health-check interval
+                **({"litellm_image": f"{LITELLM_IMAGE_NAME}@{LITELLM_IMAGE_DIGEST}", "lmcache_l1_size_gb": 0.25,
+                    "litellm_num_workers": 1, "litellm_health_check_interval_s": 5} if shape == "hgx8" else {}),
                 # veth links report 10000Mb/s; real ConnectX-8 rails report 400000
                 "preflight_link_speed_mbps": 10000,
                 "preflight_disk_margin_gb": 1,

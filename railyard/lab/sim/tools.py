@@ -568,6 +568,8 @@ def _find_image(ref):
 
 
 def _go_value(v):
+    if isinstance(v, bool):  # Go's text/template prints booleans lowercase
+        return "true" if v else "false"
     if isinstance(v, list):
         return "[" + " ".join(str(x) for x in v) + "]"
     return str(v)
