@@ -169,7 +169,7 @@ def _print_launch(rep, con, what: str) -> int:
                        style="green"))
         return 0
     con.print(Text(f"{what}: ready in {rep.ready_seconds:.1f} s ({' -> '.join(rep.order)}); API {rep.api} "
-                   f"(the key is in vllm_api_key_file on {rep.plan.endpoint.host})", style="bold green"))
+                   f"(the key is in {rep.plan.endpoint.api_key_file} on {rep.plan.endpoint.host})", style="bold green"))
     return 0
 
 
@@ -301,8 +301,18 @@ def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, jso
 
 def _health_once(inv, json_out: bool, indent: int | None = 2, cache_proof: int = 0) -> int:
     from rich.table import Table
+    from . import replicas
+    from .errors import UsageError
     from .verify import health as run
-    plan, ranks, probes, metrics = run(inv, cache_proof)
+
+    def probes_for(plan):
+        if "replicas" in plan.verifiers:
+            return replicas.api_probes(cache_proof)
+        if cache_proof:
+            raise UsageError(f"--cache-proof: layout {plan.layout} has no shared cache (serve_layout replicas has)")
+        return None
+
+    plan, ranks, probes, metrics = run(inv, probes_for)
     report = health_report(ranks, probes, metrics, plan.endpoint.host)
     ok = report.ok
     if json_out:

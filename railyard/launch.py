@@ -176,7 +176,9 @@ def recover(inv: Inventory, replica: str | None, dry_run: bool, timeout: float |
         rec, _ = rec_ops.survey(plan, runner, replica)
         if dry_run or rec.path in ("none", "blocked"):
             return plan, rec
-        util = float(inv.head.vars["vllm_gpu_memory_utilization"])
+        v = inv.host(plan.endpoint.host).vars
+        util = float(v["vllm_gpu_memory_utilization"])
+        router_wait = 2 * v["litellm_health_check_interval_s"] + 30  # two checks, and the checks themselves
         with locked(inv, runner, "inv recover"):
-            return plan, rec_ops.execute(plan, runner, rec, util, float(timeout or inv.head.vars["vllm_start_timeout_s"]),
-                                         drain_timeout, console)
+            return plan, rec_ops.execute(plan, runner, rec, util, float(timeout or v["vllm_start_timeout_s"]),
+                                         drain_timeout, console, router_wait)

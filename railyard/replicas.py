@@ -106,6 +106,17 @@ def _router_probes(s: Session, plan: LaunchPlan, live: list[Service]) -> tuple[l
     return out, data
 
 
+def api_probes(cache_proof_words: int = 0):
+    """verify.health's probes for this layout (and the cache proof with a prompt of that many words)."""
+    def run(runner: Runner, plan: LaunchPlan, ranks: list) -> tuple[list[Probe], dict]:
+        probes, data = health_probes(runner, plan, [r.service for r in ranks if r.state == "running"])
+        if cache_proof_words:
+            proof, data["cache_proof"] = cache_proof(runner, plan, cache_proof_words)
+            probes.append(proof)
+        return probes, data
+    return run
+
+
 def health_probes(runner: Runner, plan: LaunchPlan, live: list[str]) -> tuple[list[Probe], dict]:
     """Every probe of the layout; live: the replicas whose containers run."""
     s = runner.session(plan.endpoint.host)
@@ -166,7 +177,8 @@ def cache_proof(runner: Runner, plan: LaunchPlan, tokens: int) -> tuple[Probe, d
     faster = t1 < PROOF_RATIO * t0
     ok = faster and out["retrieved_tokens"] > 0
     detail = (f"{tokens:,}-word prompt: {first.name} {t0 / 1000:.2f} s, then {second.name} {t1 / 1000:.2f} s "
-              f"({t1 / t0:.2f}x); LMCache retrieved {out['retrieved_tokens']:,} tokens for {second.name}")
+              f"({t1 / t0:.2f}x); LMCache retrieved {out['retrieved_tokens']:,} tokens for {second.name} (summed over its "
+              f"{second.spec.gpus.count} workers)")
     if not ok:
         detail += ("; the second replica did not reuse the first one's KV blocks: check that every replica and "
                    "LMCache run with one PYTHONHASHSEED (inv env --check) and that both registered with LMCache")

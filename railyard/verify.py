@@ -210,14 +210,16 @@ def _service_health(s: Session, svc: Service) -> RankHealth:
     idle = [u for u in svc.spec.gpus.uuids if u and u not in holding]
     if c.running and serves_on_gpu and procs and idle:
         reasons.append(f"{len(idle)} of its {len(svc.spec.gpus.uuids)} GPUs hold no serving process")
+    if not serves_on_gpu:  # its GPUs are other services' (LMCache maps the replicas'): their memory is not its
+        used, procs = None, []
     return RankHealth(svc.host, svc.rank, svc.name, c.status if c.exists else "missing",
                       uptime(c.started) if c.running else None, used, procs[0].name if procs else None,
                       not reasons, reasons)
 
 
-def health(inv: Inventory, cache_proof_words: int = 0) -> tuple[LaunchPlan, list[RankHealth], list[Probe], dict]:
-    """Every service's container and GPUs, then the layout's API probes; cache_proof_words > 0 (the
-    replicas layout): the cross-replica cache proof with a prompt of that many words."""
+def health(inv: Inventory, probes_for=None) -> tuple[LaunchPlan, list[RankHealth], list[Probe], dict]:
+    """Every service's container and GPUs, then the endpoint's API probes; for a layout with its own
+    (railyard.replicas), probes_for(plan) gives api_probes(runner, plan, ranks) -> (probes, metrics)."""
     with Runner(layouts.get(inv).hosts(inv)) as runner:
         plan = build_plan(inv, runner, strict=False)
         got = runner.each(lambda s: [_service_health(s, svc) for svc in plan.on_host(s.host.name)])
@@ -227,17 +229,11 @@ def health(inv: Inventory, cache_proof_words: int = 0) -> tuple[LaunchPlan, list
             ranks += res if isinstance(res, list) else [
                 RankHealth(h, svc.rank, svc.name, "unreachable", None, None, None, False, [str(res.error)])
                 for svc in plan.on_host(h)]
+        api_probes = probes_for(plan) if probes_for else None
+        if api_probes is not None:
+            return (plan, ranks, *api_probes(runner, plan, ranks))
         ep = plan.endpoint
         s = runner.session(ep.host)
-        if "replicas" in plan.verifiers:
-            from . import replicas
-            probes, metrics = replicas.health_probes(runner, plan, [r.service for r in ranks if r.state == "running"])
-            if cache_proof_words:
-                proof, metrics["cache_proof"] = replicas.cache_proof(runner, plan, cache_proof_words)
-                probes.append(proof)
-            return plan, ranks, probes, metrics
-        if cache_proof_words:
-            raise UsageError(f"--cache-proof: layout {plan.layout} has no shared cache (serve_layout replicas has)")
         probes, metrics = _api_probes(s, ep)
         svc = plan.service(ep.service)
         text = metrics.pop("_text", "")

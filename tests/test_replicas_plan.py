@@ -213,7 +213,8 @@ def test_recover_takes_the_short_path_when_the_crashed_replicas_gpus_are_free():
     state = _state([(g, 500 + g, "VLLM::Worker_TP0", 160000, "vllm-replicas-r0") for g in range(4)])
     rec = R.decide(plan, _views(plan, state, running=("r0",), healthy=("r0",)), state, None)
     assert rec.path == "short" and rec.replicas == ["r1"]
-    assert rec.steps[0].startswith("take r1 out of routing") and rec.steps[-1] == "put r1 back into routing"
+    assert rec.steps[0].startswith("take r1 out of routing") and rec.steps[-2:] == [
+        "put r1 back into routing", "wait until the router's health check lists r1 healthy"]
 
 
 def test_recover_takes_the_long_path_when_lmcache_holds_the_crashed_replicas_gpus():

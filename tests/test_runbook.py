@@ -19,7 +19,8 @@ from .conftest import ROOT, home, inv_cmd, on, remove_containers
 pytestmark = pytest.mark.lab
 RUNBOOK = ROOT / "docs" / "runbook.md"
 NAME = "glm53-full"
-ONE_HOST = ("vllm-tp8", "vllm-dp-ep")  # the one-host layouts' containers
+ONE_HOST = ("vllm-tp8", "vllm-dp-ep", "vllm-replicas-router", "vllm-replicas-r0", "vllm-replicas-r1",
+            "vllm-replicas-lmcache")  # the one-host layouts' containers
 
 
 def scenarios():

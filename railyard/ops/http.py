@@ -1,7 +1,7 @@
 """One HTTP request from a service's host to a service there, with curl over the host's session.
 
-The API key is read from its file on that host into curl's config on stdin (a shell builtin
-prints it), so it is never in any process's argv; the request body travels the same way.
+The API key is read from its file on that host into curl's config on fd 3 (a shell builtin
+prints it), so it is never in any process's argv; the request body travels on stdin.
 """
 
 from __future__ import annotations
@@ -10,26 +10,23 @@ import json
 import re
 
 from ..serving.spec import Endpoint
-from ..transport import Session, q
-
-
-def _config_string(text: str) -> str:
-    """A value in curl's config syntax: double-quoted, backslash and quote escaped."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+from ..transport import Session, cmd, q
 
 
 def request(s: Session, ep: Endpoint, path: str, body: dict | None = None, timeout: int = 60,
             header: str = "") -> tuple[int, float, str, str]:
     """(HTTP code or 0, milliseconds, body text or curl's error, the response header `header` or "")."""
     url = f"http://{ep.local_address}:{ep.port}{path}"
-    config = f"url = {_config_string(url)}\n"
+    args = ["curl", "-sS", "--max-time", str(int(timeout))]
     if body is not None:
-        config += 'header = "Content-Type: application/json"\n' + f"data-binary = {_config_string(json.dumps(body))}\n"
-    key = (f"printf 'header = \"Authorization: Bearer %s\"\\n' \"$(cat {q(ep.api_key_file)} 2>/dev/null)\"; "
-           if ep.api_key_file else "")
+        args += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
     marker = "%header{" + header + "}" if header else ""
-    line = f"{{ {key}cat; }} | curl -sS --max-time {int(timeout)} -K - -w '\\n@@%{{http_code}} %{{time_total}} {marker}'"
-    r = s.run(line, timeout=timeout + 10, stdin=config.encode())
+    args += ["-w", f"\n@@%{{http_code}} %{{time_total}} {marker}", url]
+    line = cmd(*args)
+    if ep.api_key_file:  # the key on fd 3 as curl config, printed by a builtin; the body stays on stdin
+        line = (f"exec 4<&0; printf 'header = \"Authorization: Bearer %s\"\\n' \"$(cat {q(ep.api_key_file)} "
+                f"2>/dev/null)\" | {line} -K /dev/fd/3 3<&0 0<&4")
+    r = s.run(line, timeout=timeout + 10, stdin=json.dumps(body).encode() if body is not None else None)
     if r.error:
         return 0, 0.0, f"{r.error.kind}: {r.error.message}", ""
     text, _, tail = r.stdout.rpartition("\n@@")

@@ -26,7 +26,7 @@ from ..errors import LaunchError, UsageError
 from ..probe import Section, joined_script, new_token, split_output
 from ..preflight import gpus_section
 from ..runner import Runner
-from ..serving.litellm import CONFIG_TARGET
+from ..serving.litellm import CONFIG_TARGET, parse_health
 from ..serving.spec import Endpoint, LaunchPlan, Service, Stage
 from ..transport import Session, Sh, cmd, write_remote
 from .containers import inspect
@@ -89,8 +89,8 @@ def gpu_state(s: Session) -> GpuState:
     """Every GPU's memory and every compute process on it, mapped to its container, in one round trip."""
     sections = [gpus_section(), Section("apps", cmd("nvidia-smi", APPS, "--format=csv,noheader,nounits"), "nvidia-smi"),
                 Section("ps", Sh("ps -e -o pid=,ppid=")),
-                Section("mains", Sh("ids=$(docker ps -q); [ -z \"$ids\" ] || docker inspect --format "
-                                    "'{{.State.Pid}} {{.Name}}' $ids"), "docker")]
+                Section("mains", Sh("n=$(docker ps --format '{{.Names}}'); [ -z \"$n\" ] || docker inspect --format "
+                                    "'{{.State.Pid}} {{.Name}}' $n"), "docker")]
     token = new_token()
     r = s.run(joined_script(sections, token), timeout=60)
     if r.error:
@@ -237,7 +237,7 @@ def decide(plan: LaunchPlan, views: list[ReplicaView], state: GpuState, which: s
             f"restart LMCache ({lmcache}) and gate on /healthcheck",
             f"check free GPU memory >= gpu_memory_utilization x total for {', '.join(replicas)}",
             f"start {', '.join(replicas)} and gate each (startup, LMCache registration, /health)",
-            "the router stays up; it routes to each replica again once its health check passes"]
+            "the router stays up: wait until its health check lists every replica healthy again"]
         return Recovery("long", replicas, why, steps)
     steps = []
     for v in targets:
@@ -246,7 +246,8 @@ def decide(plan: LaunchPlan, views: list[ReplicaView], state: GpuState, which: s
         if v.running:
             steps += [f"wait for {n}'s requests in flight", f"stop {n}"]
         steps += [f"check free GPU memory on {n}'s GPUs >= gpu_memory_utilization x total",
-                  f"start {n} alone and gate it (startup, LMCache registration, /health)", f"put {n} back into routing"]
+                  f"start {n} alone and gate it (startup, LMCache registration, /health)", f"put {n} back into routing",
+                  f"wait until the router's health check lists {n} healthy"]
     if crashed:
         why.append(f"{', '.join(v.service.name for v in crashed)}: its GPUs hold no other process")
     return Recovery("short", [v.service.name for v in targets], why, steps)
@@ -270,11 +271,36 @@ def _wait_idle(s: Session, svc: Service, model: str, timeout: float) -> str:
         time.sleep(0.5)
 
 
+def router_healthy(s: Session, plan: LaunchPlan) -> tuple[set[str], str]:
+    """The replicas the router's /health lists healthy (its last background check), or why not known."""
+    code, _, text, _ = request(s, plan.endpoint, "/health", timeout=60)
+    try:
+        return (set(parse_health(text).healthy), "") if code == 200 else (set(), f"HTTP {code}: {text[:120]}")
+    except ValueError:
+        return set(), text[:120]
+
+
 def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeout: float, drain_timeout: float,
-            console) -> Recovery:
+            console, router_wait: float = 60.0) -> Recovery:
+    """Take the chosen path. It ends when the router's own health check lists the restarted replicas
+    healthy again (within router_wait seconds): until then LiteLLM does not route to them."""
     s = runner.session(plan.endpoint.host)
     model = plan.endpoint.model
     targets = [plan.service(n) for n in rec.replicas]
+
+    def routed(svcs: list[Service]) -> None:
+        want = {svc.name for svc in svcs}
+        deadline = time.monotonic() + router_wait
+        while True:
+            seen, why = router_healthy(s, plan)
+            if want <= seen:
+                rec.done.append(f"the router sees {', '.join(sorted(want))} healthy")
+                return
+            if time.monotonic() > deadline:
+                raise LaunchError(f"{', '.join(sorted(want - seen))} serve(s) again, but the router's health check has "
+                                  f"not listed them healthy within {router_wait:.0f} s"
+                                  + (f" ({why})" if why else f" (healthy there: {', '.join(sorted(seen)) or 'none'})"))
+            time.sleep(1)
 
     def stop(svc: Service) -> None:
         r = s.run(cmd("docker", "stop", "--timeout", "60", svc.spec.name), timeout=120)
@@ -319,6 +345,7 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
             start(targets, (Stage(tuple(targets), wait="ready"),))
             set_drained(s, plan, [])
             rec.done.append(f"put {', '.join(rec.replicas)} back into routing")
+            routed(targets)
         elif rec.path == "long":
             lmc = plan.service("lmcache")
             running = [svc for svc in targets if inspect(s, svc.spec.name).running]
@@ -330,6 +357,7 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
             start([lmc], (Stage((lmc,), wait="ready"),))
             memory_ok(targets)
             start(targets, (Stage(tuple(targets), wait="ready"),))
+            routed(targets)
     except LaunchError as e:
         rec.failure = str(e)
     return rec
