@@ -93,18 +93,24 @@ def _run(cmds, inv_path, extra=(), usage_error=False):
     return code, outputs
 
 
+def _layout(d) -> list[str]:
+    """layout=NAME: the section's serve_layout, for its set-up and its commands alike."""
+    return ["--set", f"serve_layout={d['layout']}"] if "layout" in d else []
+
+
 def _setup(d, inv_path):
     _shape(d.get("shape", "station"))
     _fresh(inv_path)
     state = d.get("state", "fresh")
     one_host = d.get("shape") == "hgx8"  # the checkpoint is where it serves: nothing to copy
+    layout = _layout(d)
     if state in ("running", "handrun", "ready"):  # ready: synced and env written, not launched
         for c in (("env",) if one_host else ("sync-model --verify size", "env")):
-            r = inv_cmd(*c.split(), env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
+            r = inv_cmd(*c.split(), *layout, env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
             assert r.returncode == 0, r.stdout + r.stderr
     if state == "running":
         extra = ["--set", d["set"]] if "set" in d else []
-        r = inv_cmd("launch", *extra, env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
+        r = inv_cmd("launch", *extra, *layout, env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
         assert r.returncode == 0, r.stdout + r.stderr
     if state == "handrun":  # an operator started the containers by hand, without one flag
         r = inv_cmd("launch", "--dry-run", env={"RAILYARD_INVENTORY": str(inv_path)})
@@ -145,8 +151,9 @@ def _setup(d, inv_path):
     if "revoke" in d:
         ak = home(d["revoke"]) / ".ssh" / "authorized_keys"
         ak.write_text(ak.read_text().splitlines()[0] + "\n")
-    if "kill" in d:
-        pid = on(d["kill"], f"docker inspect --format '{{{{.State.Pid}}}}' {NAME}").stdout.strip()
+    if "kill" in d:  # HOST or HOST:CONTAINER
+        host, _, container = d["kill"].partition(":")
+        pid = on(host, f"docker inspect --format '{{{{.State.Pid}}}}' {container or NAME}").stdout.strip()
         subprocess.run(["kill", "-9", pid], check=True)
         time.sleep(2)
 
@@ -162,6 +169,7 @@ def test_runbook_section(runbook_lab, title, commands, directives):
             assert code == 0 and "OK: copies equal" in out
             return
         extra = ["--set", directives["set"]] if "set" in directives and directives.get("state") != "running" else []
+        extra += _layout(directives)
         code, out = _run(commands, runbook_lab, extra, usage_error=directives.get("exit") == "2")
         if "expect" in directives:
             assert directives["expect"] in out, out[-3000:]
