@@ -168,6 +168,8 @@ def _print_launch(rep, con, what: str) -> int:
         con.print(Text(f"{what}: already running with this configuration on {', '.join(rep.order)}: nothing to do",
                        style="green"))
         return 0
+    if rep.proof:
+        con.print(Text(f"P->D path: {rep.proof}", style="green"))
     con.print(Text(f"{what}: ready in {rep.ready_seconds:.1f} s ({' -> '.join(rep.order)}); API {rep.api} "
                    f"(the key is in {rep.plan.endpoint.api_key_file} on {rep.plan.endpoint.host})", style="bold green"))
     return 0
@@ -308,6 +310,9 @@ def _health_once(inv, json_out: bool, indent: int | None = 2, cache_proof: int =
     def probes_for(plan):
         if "replicas" in plan.verifiers:
             return replicas.api_probes(cache_proof)
+        if "pd_path" in plan.verifiers and not cache_proof:
+            from . import disagg
+            return disagg.api_probes(int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
         if cache_proof:
             raise UsageError(f"--cache-proof: layout {plan.layout} has no shared cache (serve_layout replicas has)")
         return None

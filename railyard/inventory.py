@@ -47,9 +47,14 @@ CLUSTER_WIDE = (
     "vllm_port", "vllm_master_port", "vllm_tensor_parallel_size", "preflight_mtu",
 )
 
+# What the pd layout compares itself (its pools may differ in TP and ports; the NIXL handshake's
+# own terms, one line per difference, for the rest).
+PD_OWN_CHECKS = ("vllm_image", "vllm_port", "vllm_master_port", "vllm_tensor_parallel_size", "model_repo",
+                 "model_revision")
+
 MAX_YAML_BYTES = 4 << 20  # an inventory is kilobytes; refuse what no one wrote by hand
 # The values serve_layout takes; each is a module of railyard/serving/layouts.
-LAYOUTS = ("multinode_tp", "single_node_tp", "dp_ep", "replicas")
+LAYOUTS = ("multinode_tp", "single_node_tp", "dp_ep", "replicas", "pd")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 IFACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
@@ -614,6 +619,8 @@ def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: 
             problems.append(Problem(file, "all", MISSING, f"missing rank {r}: ranks must be 0..{len(hosts) - 1}"))
     head = by_rank.get(0, hosts[0])
     for key in CLUSTER_WIDE:
+        if head.vars["serve_layout"] == "pd" and key in PD_OWN_CHECKS:
+            continue
         for h in hosts:
             if h.vars[key] != head.vars[key]:
                 problems.append(Problem(file, where(h, key), h.vars[key],

@@ -14,10 +14,13 @@ from ..transport import Session, cmd, q
 
 
 def request(s: Session, ep: Endpoint, path: str, body: dict | None = None, timeout: int = 60,
-            header: str = "") -> tuple[int, float, str, str]:
-    """(HTTP code or 0, milliseconds, body text or curl's error, the response header `header` or "")."""
+            header: str = "", headers: tuple[tuple[str, str], ...] = ()) -> tuple[int, float, str, str]:
+    """(HTTP code or 0, milliseconds, body text or curl's error, the response header `header` or "");
+    headers: request headers to send besides the key."""
     url = f"http://{ep.local_address}:{ep.port}{path}"
     args = ["curl", "-sS", "--max-time", str(int(timeout))]
+    for k, v in headers:
+        args += ["-H", f"{k}: {v}"]
     if body is not None:
         args += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
     marker = "%header{" + header + "}" if header else ""

@@ -67,6 +67,7 @@ class LaunchReport:
     rolled_back: list[str] = field(default_factory=list)    # hosts
     ready_seconds: float | None = None
     api: str = ""
+    proof: str = ""                       # what the plan's final gate saw (pd: the P->D request)
     plan: LaunchPlan | None = None
 
     @property
@@ -305,14 +306,24 @@ def prechecks(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path
 
 
 def ensure_secrets(plan: LaunchPlan, runner: Runner) -> list[str]:
-    """Create each service's secret file (0600) on its host unless it exists; the files created."""
+    """Create each service's secret file (0600) on its host unless it exists; the files created.
+    A shared secret has one value on every host of the plan: the first host's (made there if none
+    has it), copied to the others over their sessions."""
     made = []
     for svc in plan.services():
-        for sec in svc.spec.secrets:
+        for sec in (x for x in svc.spec.secrets if not x.shared):
             s = runner.session(svc.host)
             if not s.run(f"test -s {q(RemotePath(sec.host_file))}", timeout=30).ok:
                 write_remote(s, sec.host_file, sec.prefix + secrets.token_urlsafe(32) + "\n")
                 made.append(f"{svc.host}:{sec.host_file}")
+    shared = list(dict.fromkeys(x for svc in plan.services() for x in svc.spec.secrets if x.shared))
+    for sec in shared:
+        have = {h: read_remote(runner.session(h), sec.host_file) for h in plan.hosts()}
+        value = next((v for v in have.values() if v and v.strip()), None) or sec.prefix + secrets.token_urlsafe(32) + "\n"
+        for h, v in have.items():
+            if v != value:
+                write_remote(runner.session(h), sec.host_file, value)
+                made.append(f"{h}:{sec.host_file}")
     return made
 
 
@@ -363,6 +374,7 @@ def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: st
 
     rep = run_stages(plan, runner, timeout, console, start_one)
     rep.commands = commands
+    final_gates(plan, runner, rep)
     if rep.failure and rollback:
         rep.rolled_back = stop_services(plan, runner, [s for s in services if s.name in rep.started], remove=True)
     return rep
@@ -425,7 +437,23 @@ def start(plan: LaunchPlan, runner: Runner, timeout: float, console) -> LaunchRe
         r = runner.session(svc.host).run(cmd("docker", "start", svc.spec.name), timeout=120)
         return None if r.ok else (r.stderr.strip() or str(r.error))
 
-    return run_stages(plan, runner, timeout, console, start_one)
+    rep = run_stages(plan, runner, timeout, console, start_one)
+    final_gates(plan, runner, rep)
+    return rep
+
+
+def final_gates(plan: LaunchPlan, runner: Runner, rep: LaunchReport) -> None:
+    """Gates over the whole plan once every service is ready: the pd layout's P->D proof."""
+    if rep.failure or "pd_path" not in plan.verifiers:
+        return
+    from . import pd
+    proxy = plan.service(plan.endpoint.service)
+    proof = pd.prove(plan, runner, int(proxy.expects("proof_words", "64")))
+    rep.proof = proof.detail
+    if not proof.ok:
+        rep.failed_rank, rep.failed_service = proxy.host, proxy.name
+        rep.failure = f"the P->D path is not proven: {proof.detail}"
+        rep.hint = proof.fix or "inv logs --rank prefill-0 / decode-0; inv verify-rdma"
 
 
 def status(plan: LaunchPlan, runner: Runner) -> list[dict]:

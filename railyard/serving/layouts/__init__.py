@@ -34,9 +34,11 @@ __all__ = ["LAYOUTS", "Layout", "get", "validated"]
 def get(inv: Inventory) -> Layout:
     """The inventory's layout (`serve_layout`, the same on every host: the loader checks that)."""
     from .multinode_tp import MultinodeTP
+    from .pd import Pd
     from .replicas import Replicas
     from .single_node import DpEp, SingleNodeTP
-    return {"multinode_tp": MultinodeTP, "single_node_tp": SingleNodeTP, "dp_ep": DpEp, "replicas": Replicas}[
+    return {"multinode_tp": MultinodeTP, "single_node_tp": SingleNodeTP, "dp_ep": DpEp, "replicas": Replicas,
+            "pd": Pd}[
         inv.head.vars["serve_layout"]]()
 
 

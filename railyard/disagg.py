@@ -1,0 +1,109 @@
+"""`inv health` for the pd layout: every instance of both pools (/health, the KV cache of every DP
+rank), the proxy, and a timed request through it: its time to the first token, its time per
+output token and the instances that served it (by its request id in their logs); /metrics per
+pool (TTFT and TPOT means from vLLM's histograms, the KV transfer time where exported,
+speculative acceptance).
+
+TTFT is the latency of a 1-token answer (prefill, the KV transfer and the first decode step);
+TPOT is (a 33-token answer's latency - TTFT) / 32.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from .ops.containers import log_tail
+from .ops.http import parse_metrics, request
+from .ops.pd import grep_log, proof_prompt
+from .runner import Runner
+from .serving.spec import Endpoint, LaunchPlan, Service
+from .serving.vllm import parse_kv_cache
+from .transport import Session
+from .verify import Probe, summarize_metrics
+
+TPOT_TOKENS = 33
+HISTOGRAMS = {"ttft_mean_s": "vllm:time_to_first_token_seconds",
+              "tpot_mean_s": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+              "kv_transfer_mean_s": "vllm:nixl_xfer_time_seconds"}
+
+
+def _endpoint(svc: Service) -> Endpoint:
+    return Endpoint(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0], svc.spec.secrets[0].host_file
+                    if svc.spec.secrets else "")
+
+
+def _mean(m: dict, names) -> float | None:
+    for n in (names if isinstance(names, tuple) else (names,)):
+        count = m.get(n + "_count")
+        if count:
+            return m.get(n + "_sum", 0.0) / count
+    return None
+
+
+def _instance(s: Session, svc: Service) -> tuple[list[Probe], dict]:
+    ep = _endpoint(svc)
+    code, ms, text, _ = request(s, ep, "/health", timeout=10)
+    kv = parse_kv_cache(log_tail(s, svc.spec.name, None))
+    want = int(svc.expects("kv_engines", "1"))
+    mcode, _, mtext, _ = request(s, ep, "/metrics", timeout=10)
+    m = parse_metrics(mtext) if mcode == 200 else {}
+    data = {"pool": svc.role, "health": code, "kv_per_rank": {str(k): v for k, v in sorted(kv.items())},
+            "metrics": {**summarize_metrics(m), **{k: _mean(m, n) for k, n in HISTOGRAMS.items()}} if m else None}
+    missing = [r for r in range(want) if r not in kv]
+    return [Probe(f"{svc.name} /health", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms),
+            Probe(f"{svc.name} KV cache", not missing,
+                  (f"{len(kv)} of {want} DP ranks, min {min(kv.values()):,} tokens" if kv else "no `GPU KV cache size` "
+                   "line") + (f"; none from rank(s) {', '.join(map(str, missing))}" if missing and kv else ""))], data
+
+
+def _timed(runner: Runner, plan: LaunchPlan, words: int) -> tuple[Probe, dict]:
+    s = runner.session(plan.endpoint.host)
+    out: dict = {}
+    rid = f"railyard-health-{secrets.token_hex(6)}"
+    times = {}
+    for n in (1, TPOT_TOKENS):
+        body = {"model": plan.endpoint.model, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                "messages": [{"role": "user", "content": proof_prompt(words)}]}
+        code, ms, text, _ = request(s, plan.endpoint, "/v1/chat/completions", body, timeout=600,
+                                    headers=(("X-Request-Id", f"{rid}-{n}"),))
+        if code != 200:
+            return Probe("request via proxy", False, f"HTTP {code}: {text.strip()[:160]}"), out
+        times[n] = ms
+    ttft, tpot = times[1] / 1000, (times[TPOT_TOKENS] - times[1]) / 1000 / (TPOT_TOKENS - 1)
+    instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
+    got = runner.each(lambda sess: {x.name: bool(grep_log(sess, x, [f"{rid}-1"])) for x in instances
+                                    if x.host == sess.host.name},
+                      [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])
+    served = sorted(n for d in got.values() if isinstance(d, dict) for n, hit in d.items() if hit)
+    out.update(ttft_s=round(ttft, 4), tpot_ms=round(tpot * 1000, 2), served_by=served)
+    pools = {x.role for x in instances if x.name in served}
+    return Probe("request via proxy", pools == {"prefill", "decode"},
+                 f"TTFT {ttft:.3f} s, TPOT {tpot * 1000:.1f} ms; served by {', '.join(served) or 'no instance log'}"
+                 + ("" if pools == {"prefill", "decode"} else "; not by both pools"), times[1]), out
+
+
+def api_probes(words: int):
+    """verify.health's probes for the pd layout."""
+    def run(runner: Runner, plan: LaunchPlan, ranks: list) -> tuple[list[Probe], dict]:
+        instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
+        probes: list[Probe] = []
+        data: dict = {"instances": {}}
+        got = runner.each(lambda s: [(x.name, _instance(s, x)) for x in instances if x.host == s.host.name],
+                          [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])
+        for host, res in got.items():
+            if not isinstance(res, list):
+                probes.append(Probe(f"{host} instances", False, str(res.error)))
+                continue
+            for name, (more, d) in res:
+                probes += more
+                data["instances"][name] = d
+        proxy = plan.service(plan.endpoint.service)
+        ep = plan.endpoint
+        code, ms, text, _ = request(runner.session(ep.host), Endpoint(ep.service, ep.host, ep.bind, ep.port),
+                                    "/health", timeout=10)
+        probes.append(Probe(f"{proxy.name} /health", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}",
+                            ms))
+        probe, data["request"] = _timed(runner, plan, words)
+        probes.append(probe)
+        return probes, data
+    return run

@@ -1,0 +1,270 @@
+"""`pd`: prefill/decode disaggregation over NIXL across 8-GPU hosts, a proxy in front.
+
+    stage 1  prefill-0.. and decode-0..   `vllm serve ... --kv-transfer-config {NixlConnector, kv_producer
+             | kv_consumer}`, each instance on its own GPUs (by UUID) of one host, listening on the
+             host's serve-rail address; NIXL's side channel on that address and a port of its own;
+             UCX over the host's rail HCAs; ready: startup line, KV cache of every DP rank, /health
+    stage 2  proxy                         vllm-router in vLLM PD mode (NIXL), round robin per pool;
+             ready: its /health; then the P->D proof (railyard.ops.pd): one real request through
+             it with a prompt over one KV block, whose id both logs show with a completed transfer
+
+The hosts of the group `prefill` run prefill instances, those of `decode` decode instances
+(`pd_instances_per_host` each). Each pool's settings are its group vars, over the pool defaults
+`pd_prefill_defaults` / `pd_decode_defaults` (the reference's flags), over the layout's.
+Static checks, before any SSH: what the NIXL handshake compares (image = vLLM and connector
+version, model and revision, KV cache dtype, attention backend, speculative method) is equal in
+both pools, one line per difference; TP, block counts and speculative token counts may differ.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+from ...errors import Problem
+from ...inventory import IMAGE_RE, Host, Inventory, origin_of
+from ..hostfacts import HostFacts, on_host
+from ..spec import ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest, Secret, Service, Stage
+from ..vllm import ALL2ALL_BACKENDS, API_KEY_TARGET, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, \
+    serve_command
+
+POOLS = ("prefill", "decode")
+ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+PROXY_READY = "/health"
+# what the NIXL handshake's compatibility hash covers, as inventory variables (nixl_connector_compatibility.md)
+COMPARED = (("vllm_image", "the image (vLLM and NIXL connector version)"), ("model_repo", "the model"),
+            ("model_revision", "the model revision"), ("vllm_kv_cache_dtype", "the KV cache dtype"),
+            ("attention_backend", "the attention backend"), ("speculative_method", "the speculative method"))
+
+
+def pool_of(h: Host) -> str | None:
+    return next((p for p in POOLS if p in h.groups), None)
+
+
+@dataclass(frozen=True)
+class PoolVars:
+    """A host's variables with its pool's defaults filled in where the inventory set nothing."""
+
+    values: dict
+    origins: dict  # key -> (file, key path) for problem lines
+
+    def origin(self, key: str) -> tuple[str, str]:
+        return self.origins.get(key, ("(defaults)", key))
+
+
+def pool_vars(h: Host) -> PoolVars:
+    pool = pool_of(h)
+    values, origins = dict(h.vars), dict(h.origins)
+    if pool:
+        dfile, dkey = origin_of(h, f"pd_{pool}_defaults")
+        for k, val in h.vars[f"pd_{pool}_defaults"].items():
+            if k in values and "/roles/" in origin_of(h, k)[0].replace("\\", "/"):
+                values[k] = val
+                origins[k] = (dfile, f"{dkey}.{k}")
+    return PoolVars(values, origins)
+
+
+def _attention_backend(v: dict) -> str:
+    args = [str(a) for a in list(v["vllm_flags"]) + list(v["vllm_extra_args"])]
+    for i, a in enumerate(args):
+        if a.startswith("--attention-backend"):
+            return a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+    return str(v["vllm_extra_env"].get("VLLM_ATTENTION_BACKEND", ""))
+
+
+def compared(v: dict) -> dict:
+    spec = v["vllm_speculative_config"] or {}
+    return {"vllm_image": v["vllm_image"], "model_repo": v["model_repo"], "model_revision": v["model_revision"],
+            "vllm_kv_cache_dtype": v["vllm_kv_cache_dtype"] or "auto", "attention_backend": _attention_backend(v),
+            "speculative_method": spec.get("method", "") if isinstance(spec, dict) else ""}
+
+
+def _origin_key(key: str) -> str:
+    return {"attention_backend": "vllm_extra_env", "speculative_method": "vllm_speculative_config"}.get(key, key)
+
+
+class Pd:
+    name = "pd"
+
+    def pool(self, inv: Inventory, pool: str) -> list[Host]:
+        return [h for h in inv.hosts if pool_of(h) == pool]
+
+    def proxy_host(self, inv: Inventory) -> Host | None:
+        prefill = self.pool(inv, "prefill")
+        want = inv.head.vars["pd_proxy_host"]
+        if want:
+            return next((h for h in inv.hosts if h.name == want), None)
+        return prefill[0] if prefill else None
+
+    def hosts(self, inv: Inventory) -> list[Host]:
+        return [h for h in inv.hosts if pool_of(h)] or list(inv.hosts)
+
+    def needs(self, inv: Inventory) -> tuple[set[str], int]:
+        counts = []
+        for h in self.hosts(inv):
+            v = pool_vars(h).values
+            counts.append(int(v["pd_instances_per_host"]) * VllmConfig.from_vars(v).world_size)
+        return {"gids", "topology"}, max(counts or [1])
+
+    def validate(self, inv: Inventory) -> list[Problem]:
+        out: list[Problem] = []
+        path = str(inv.path)
+        for pool in POOLS:
+            if not self.pool(inv, pool):
+                out.append(Problem(path, f"all.children.{pool}", "(none)",
+                                   f"serve_layout pd needs hosts in a group `{pool}` (its instances run there)"))
+        both = [h for h in inv.hosts if "prefill" in h.groups and "decode" in h.groups]
+        for h in both:
+            out.append(Problem(path, f"all.children.decode.hosts.{h.name}", h.name,
+                               "a host serves one pool: it is in both `prefill` and `decode`"))
+        if out:
+            return out
+        proxy = self.proxy_host(inv)
+        if proxy is None:
+            file_, key = origin_of(inv.head, "pd_proxy_host")
+            out.append(Problem(file_, key, inv.head.vars["pd_proxy_host"], "no such host in the inventory"))
+        v0 = inv.head.vars
+        if not v0["pd_proxy_image"]:
+            file_, key = origin_of(inv.head, "pd_proxy_image")
+            out.append(Problem(file_, key, "", "required: the proxy image (vllm-router) pinned by digest, "
+                                               "name:tag@sha256:<64 hex>"))
+        elif not IMAGE_RE.match(v0["pd_proxy_image"]):
+            file_, key = origin_of(inv.head, "pd_proxy_image")
+            out.append(Problem(file_, key, v0["pd_proxy_image"], "must be pinned by digest: name:tag@sha256:<64 hex>"))
+        if v0["pd_proof_words"] <= 16:
+            file_, key = origin_of(inv.head, "pd_proof_words")
+            out.append(Problem(file_, key, v0["pd_proof_words"], "the proof prompt must be longer than one KV block "
+                                                                 "(16 tokens), or no block moves and nothing is proven"))
+        for h in self.hosts(inv):
+            out += self._host_checks(h)
+        ref = self.pool(inv, "prefill")[0]
+        ref_vals = compared(pool_vars(ref).values)
+        for h in self.pool(inv, "decode") + self.pool(inv, "prefill")[1:]:
+            pv = pool_vars(h)
+            for key, what in COMPARED:
+                mine = compared(pv.values)[key]
+                if mine != ref_vals[key]:
+                    file_, where = pv.origin(_origin_key(key))
+                    out.append(Problem(file_, where, mine,
+                                       f"{what} differs from prefill host {ref.name} ({ref_vals[key]!r}): the NIXL "
+                                       "handshake between prefill and decode would refuse with a compatibility hash "
+                                       "mismatch; make them equal"))
+        return out
+
+    def _host_checks(self, h: Host) -> list[Problem]:
+        pv = pool_vars(h)
+        v = pv.values
+        out = []
+
+        def bad(key: str, value, message: str) -> None:
+            file_, where = pv.origin(key)
+            out.append(Problem(file_, where, value, message))
+
+        cfg = VllmConfig.from_vars(v)
+        n = int(v["pd_instances_per_host"])
+        if n < 1:
+            bad("pd_instances_per_host", n, "must be at least 1")
+            return out
+        if n * cfg.world_size != v["cluster_gpus_per_host"]:
+            bad("pd_instances_per_host", n, f"{n} instances x tensor {cfg.tensor_parallel_size} x pipeline "
+                                            f"{cfg.pipeline_parallel_size} x data {cfg.data_parallel_size} = "
+                                            f"{n * cfg.world_size} GPUs on {h.name}; the host gives "
+                                            f"cluster_gpus_per_host: {v['cluster_gpus_per_host']}")
+        if cfg.all2all_backend and cfg.all2all_backend not in ALL2ALL_BACKENDS:
+            bad("vllm_all2all_backend", cfg.all2all_backend,
+                f"not an --all2all-backend vLLM knows ({', '.join(ALL2ALL_BACKENDS)})")
+        last = cfg.port + n - 1
+        side = v["pd_side_channel_port"]
+        side_last = side + n * cfg.data_parallel_size - 1
+        if last > 65535 or side_last > 65535:
+            bad("vllm_port" if last > 65535 else "pd_side_channel_port", cfg.port if last > 65535 else side,
+                "the instances' ports run past 65535")
+        elif side <= last and cfg.port <= side_last:
+            bad("pd_side_channel_port", side, f"the side-channel ports {side}-{side_last} overlap the API ports "
+                                              f"{cfg.port}-{last} on {h.name}")
+        return out
+
+    def plan(self, inv: Inventory, facts: dict[str, HostFacts], order: str | None = None) -> LaunchPlan:
+        head = inv.head
+        dep = head.vars["vllm_container"]
+        instances: list[Service] = []
+        numbers = {p: 0 for p in POOLS}
+        for h in self.hosts(inv):
+            pool = pool_of(h)
+            for k in range(int(pool_vars(h).values["pd_instances_per_host"])):
+                instances.append(self._instance(inv, h, facts[h.name], pool, k, numbers[pool], dep))
+                numbers[pool] += 1
+        proxy = self._proxy(inv, facts, instances, dep)
+        return LaunchPlan(deployment=dep, layout=self.name,
+                          stages=(Stage(tuple(instances), wait="ready"), Stage((proxy,), wait="ready")),
+                          endpoint=Endpoint(proxy.name, proxy.host, proxy.spec.bind, proxy.spec.ports[0],
+                                            instances[0].spec.secrets[0].host_file, head.vars["model_repo"]),
+                          verifiers=("pd_path", "nixl"))
+
+    def _instance(self, inv: Inventory, h: Host, f: HostFacts, pool: str, k: int, number: int, dep: str) -> Service:
+        v = pool_vars(h).values
+        cfg = VllmConfig.from_vars(v)
+        rail = h.serve_rail
+        mine = f.gpus[k * cfg.world_size:(k + 1) * cfg.world_size]
+        cpuset = f.cpus_of(mine) if cfg.cpuset == "auto" else cfg.cpuset
+        port = cfg.port + k
+        side = v["pd_side_channel_port"] + k * cfg.data_parallel_size
+        devices = v["pd_ucx_net_devices"]
+        if devices == "auto":
+            devices = ",".join(f"{r.hca}:1" for r in h.rails.values())
+        name = f"{pool}-{number}"
+        kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": ROLE[pool]}, separators=(",", ":"))
+        command = serve_command(replace(cfg, bind=rail.ip)) + ("--kv-transfer-config", kv)
+        values = {"rail_hca": rail.hca, "gid_index": f.gid_index, "rail_iface": rail.name, "node_ip": rail.ip}
+        env = dict(nccl_env(values))  # the DP/EP ranks inside the instance still talk NCCL
+        env.update({"UCX_TLS": v["pd_ucx_tls"], "UCX_NET_DEVICES": devices, "VLLM_NIXL_SIDE_CHANNEL_HOST": rail.ip,
+                    "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)})
+        env.update(dict(cfg.extra_env))
+        key = on_host(cfg.api_key_file, f.home)
+        model_host = on_host(v["model_path"], f.home)
+        spec = ContainerSpec(
+            name=f"{dep}-{name}", image=cfg.image, command=command, env=tuple(env.items()), setup=(NCCL_SO_SETUP,),
+            gpus=GpuRequest(len(mine), tuple(g.uuid for g in mine), v["cluster_gpu_name"]),
+            rdma=RdmaRequest(tuple(r.hca for r in h.rails.values())), mounts=(Mount(model_host, "/model", True, "model"),),
+            secrets=(Secret("VLLM_API_KEY", key, API_KEY_TARGET, shared=True),), ports=(port,), bind=rail.ip,
+            shm_size=cfg.shm_size, cpuset=cpuset, ulimits=(("stack", "67108864"),),
+            labels=(("railyard.layout", self.name), ("railyard.pool", pool), ("railyard.service", name)))
+        ready = [Gate("log", pattern=READY_LINE), Gate("http", path="/health")]
+        if cfg.data_parallel_size > 1:
+            ready.append(Gate("kv_engines", pattern=KV_LINE, count=cfg.data_parallel_size))
+        env_base = cfg.env_file[:-4] if cfg.env_file.endswith(".env") else cfg.env_file
+        env_file = (("LAYOUT", self.name), ("SERVICE", name), ("POOL", pool), ("HOST", h.name), ("DEPLOYMENT", dep),
+                    ("GPU_UUIDS", ",".join(g.uuid for g in mine)), ("CPUSET", cpuset),
+                    ("TP", cfg.tensor_parallel_size), ("DP", cfg.data_parallel_size),
+                    ("EP", int(cfg.enable_expert_parallel)), ("KV_ROLE", ROLE[pool]), ("IMG", cfg.image),
+                    ("MODEL_REPO", v["model_repo"]), ("MODEL_REV", v["model_revision"]), ("MODEL_HOST", model_host),
+                    ("PORT", port), ("API_BIND", rail.ip), ("NIXL_SIDE_CHANNEL", f"{rail.ip}:{side}"),
+                    ("UCX_NET_DEVICES", devices), ("UCX_TLS", v["pd_ucx_tls"]))
+        return Service(name=name, role=pool, host=h.name, spec=spec, ready=tuple(ready),
+                       env_file=tuple((a, str(b)) for a, b in env_file), env_path=f"{env_base}.{name}.env",
+                       expect=(("kv_engines", str(cfg.data_parallel_size)),), address=rail.ip)
+
+    def _proxy(self, inv: Inventory, facts: dict[str, HostFacts], instances: list[Service], dep: str) -> Service:
+        h = self.proxy_host(inv)
+        v = h.vars
+        urls = {p: [f"http://{s.spec.bind}:{s.spec.ports[0]}" for s in instances if s.role == p] for p in POOLS}
+        command = ["vllm-router", "--vllm-pd-disaggregation", "--kv-connector", "nixl"]
+        for u in urls["prefill"]:
+            command += ["--prefill", u]
+        for u in urls["decode"]:
+            command += ["--decode", u]
+        command += ["--policy", v["pd_proxy_policy"], "--host", v["pd_proxy_bind"], "--port", str(v["pd_proxy_port"]),
+                    "--request-timeout-secs", str(v["pd_proxy_request_timeout_s"]),
+                    "--retry-max-retries", str(v["pd_proxy_retries"]),
+                    "--health-check-interval-secs", str(v["pd_proxy_health_interval_s"])]
+        # the proxy holds no key: clients send it and the proxy passes it on to the instances
+        spec = ContainerSpec(
+            name=f"{dep}-proxy", image=v["pd_proxy_image"], command=tuple(command), ports=(int(v["pd_proxy_port"]),),
+            bind=v["pd_proxy_bind"], host_ipc=False, labels=(("railyard.layout", self.name), ("railyard.service", "proxy")))
+        env_file = (("LAYOUT", self.name), ("SERVICE", "proxy"), ("HOST", h.name), ("DEPLOYMENT", dep),
+                    ("IMG", v["pd_proxy_image"]), ("API_BIND", v["pd_proxy_bind"]), ("PORT", v["pd_proxy_port"]),
+                    ("PREFILL", ",".join(urls["prefill"])), ("DECODE", ",".join(urls["decode"])))
+        env_base = v["vllm_env_file"][:-4] if v["vllm_env_file"].endswith(".env") else v["vllm_env_file"]
+        return Service(name="proxy", role="proxy", host=h.name, spec=spec, ready=(Gate("http", path=PROXY_READY),),
+                       env_file=tuple((a, str(b)) for a, b in env_file), env_path=f"{env_base}.proxy.env",
+                       expect=(("gpu_process", "none"), ("proof_words", str(v["pd_proof_words"]))))

@@ -1,0 +1,187 @@
+"""The pd layout without the lab: the reference topology's plan (pools, GPUs, ports, NIXL env,
+the proxy), each pool's defaults under the inventory's group vars, the static compatibility
+check (one line per difference, exit 2, before any SSH), and the P->D proof's verdicts."""
+
+import json
+import shlex
+
+import pytest
+import yaml
+
+from railyard import facts as F
+from railyard.inventory import load_inventory
+from railyard.ops import pd as P
+from railyard.render import docker
+from railyard.serving import layouts
+from railyard.serving.hostfacts import HostFacts
+from railyard.serving.spec import Endpoint, LaunchPlan
+
+from .conftest import ROOT, inv_cmd
+from .test_plan import docker_parses
+
+EXAMPLE = ROOT / "inventory" / "pd-3x-b300.yml"
+
+
+def pd_plan(*overrides, path=EXAMPLE):
+    inv = load_inventory(path, list(overrides))
+    facts = {}
+    for h in inv.hosts:
+        gpus = [F.Gpu(i, f"GPU-{h.name}-{i}", "NVIDIA B300", 0, 275040) for i in range(8)]
+        facts[h.name] = HostFacts(h, home="/home/ubuntu", gpus=gpus, gid_index=3,
+                                  cpus_by_gpu={i: list(range((i // 4) * 8, (i // 4) * 8 + 8)) for i in range(8)})
+    return inv, layouts.validated(inv).plan(inv, facts)
+
+
+def test_the_reference_topology_four_prefill_instances_one_decode_then_the_proxy():
+    _, plan = pd_plan()
+    assert [[s.name for s in st.services] for st in plan.stages] == [
+        ["prefill-0", "prefill-1", "prefill-2", "prefill-3", "decode-0"], ["proxy"]]
+    where = {s.name: (s.host, s.spec.gpus.uuids, s.spec.ports[0], dict(s.spec.env)["VLLM_NIXL_SIDE_CHANNEL_PORT"])
+             for s in plan.services() if s.role != "proxy"}
+    assert where["prefill-0"] == ("P1", tuple(f"GPU-P1-{i}" for i in range(4)), 8100, "5600")
+    assert where["prefill-1"] == ("P1", tuple(f"GPU-P1-{i}" for i in range(4, 8)), 8101, "5604")  # base + k x DP
+    assert where["prefill-3"][0] == "P2" and where["decode-0"] == ("D1", tuple(f"GPU-D1-{i}" for i in range(8)), 8100,
+                                                                    "5600")
+    assert "pd_path" in plan.verifiers and plan.endpoint.service == "proxy" and plan.endpoint.host == "P1"
+
+
+def test_each_instance_talks_nixl_on_its_rail_and_nccl_inside():
+    _, plan = pd_plan()
+    p, d = plan.service("prefill-2"), plan.service("decode-0")
+    env = dict(p.spec.env)
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "192.168.120.12" == p.spec.bind  # never localhost
+    assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1" and env["UCX_TLS"] == "rc,ud,sm,self,cuda_copy,cuda_ipc"
+    assert env["NCCL_IB_HCA"] == "mlx5_0" and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert p.spec.rdma.hcas == ("mlx5_0", "mlx5_1")
+    pline, dline = docker.run_line(plan, p), docker.run_line(plan, d)
+    assert "kv_producer" in pline and "kv_consumer" in dline
+    assert "--data-parallel-size 4 --enable-expert-parallel" in pline and '"num_speculative_tokens":1' in pline
+    for flag in ("--data-parallel-size 8", "--all2all-backend flashinfer_nvlink_two_sided",
+                 "--max-num-batched-tokens 1024", "FULL_DECODE_ONLY", '"num_speculative_tokens":3',
+                 "--gpu-memory-utilization 0.9 "):
+        assert flag in dline, flag
+    assert "--host 192.168.120.13 --port 8100" in dline
+    for s in plan.services():
+        docker_parses(docker.run_line(plan, s))
+
+
+def test_the_proxy_is_vllm_router_in_pd_mode_over_both_pools_and_holds_no_key():
+    _, plan = pd_plan()
+    argv = shlex.split(docker.run_line(plan, plan.service("proxy")))
+    i = argv.index("--entrypoint")
+    assert argv[i + 1] == "vllm-router" and "--vllm-pd-disaggregation" in argv and "nixl" in argv
+    prefill = [argv[j + 1] for j, a in enumerate(argv) if a == "--prefill"]
+    assert prefill == ["http://192.168.120.11:8100", "http://192.168.120.11:8101", "http://192.168.120.12:8100",
+                       "http://192.168.120.12:8101"]
+    assert [argv[j + 1] for j, a in enumerate(argv) if a == "--decode"] == ["http://192.168.120.13:8100"]
+    assert "--api-key" not in argv and not plan.service("proxy").spec.secrets
+    assert all(s.spec.secrets[0].shared for s in plan.services() if s.role != "proxy")
+
+
+def test_a_pools_group_vars_win_over_its_defaults(tmp_path):
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["all"]["children"]["decode"]["vars"] = {"vllm_gpu_memory_utilization": 0.85}
+    p = tmp_path / "inv.yml"
+    p.write_text(yaml.safe_dump(data))
+    _, plan = pd_plan(path=p)
+    dline = docker.run_line(plan, plan.service("decode-0"))
+    assert "--gpu-memory-utilization 0.85" in dline and "--max-num-batched-tokens 1024" in dline
+
+
+def _write(tmp_path, prefill=None, decode=None, all_vars=None):
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["all"]["vars"].update(all_vars or {})
+    data["all"]["children"]["prefill"]["vars"].update(prefill or {})
+    data["all"]["children"]["decode"].setdefault("vars", {}).update(decode or {})
+    p = tmp_path / "inv.yml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+@pytest.mark.parametrize("kw,expects", [
+    (dict(decode={"vllm_kv_cache_dtype": "auto"}),
+     ["decode.vars.vllm_kv_cache_dtype = 'auto': the KV cache dtype differs from prefill host P1 ('fp8'): the NIXL "
+      "handshake between prefill and decode would refuse with a compatibility hash mismatch"]),
+    (dict(decode={"vllm_kv_cache_dtype": "auto", "vllm_speculative_config": {"method": "eagle3",
+                                                                             "num_speculative_tokens": 3}}),
+     ["the KV cache dtype differs", "the speculative method differs from prefill host P1 ('mtp')"]),
+    (dict(decode={"vllm_extra_env": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}), ["the attention backend differs"]),
+    (dict(decode={"vllm_image": "vllm/vllm-openai:v0.31.0@sha256:" + "1" * 64}),
+     ["the image (vLLM and NIXL connector version) differs"]),
+    (dict(prefill={"pd_instances_per_host": 3}), ["3 instances x tensor 1 x pipeline 1 x data 4 = 12 GPUs on P1",
+                                                  "= 12 GPUs on P2"]),
+    (dict(all_vars={"pd_proof_words": 8}), ["pd_proof_words = 8: the proof prompt must be longer than one KV block"]),
+    (dict(all_vars={"pd_proxy_image": "router:latest"}), ["pd_proxy_image = 'router:latest': must be pinned"]),
+])
+def test_what_the_handshake_compares_is_checked_before_any_ssh(tmp_path, kw, expects):
+    p = _write(tmp_path, **kw)
+    r = inv_cmd("launch", "-i", str(p), "--dry-run")  # 10.40.0.x is never contacted
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.splitlines()
+    for e in expects:
+        assert any(e in ln for ln in lines), (e, r.stderr)
+    assert len(lines) == len(expects), r.stderr  # one line per difference
+
+
+def test_tp_and_speculative_token_counts_may_differ(tmp_path):
+    p = _write(tmp_path, decode={"vllm_tensor_parallel_size": 2, "vllm_data_parallel_size": 4,
+                                 "vllm_speculative_config": {"method": "mtp", "num_speculative_tokens": 5}})
+    _, plan = pd_plan(path=p)
+    assert "--tensor-parallel-size 2" in docker.run_line(plan, plan.service("decode-0"))
+
+
+# ---------------------------------------------------------------- the proof's verdicts
+
+class FakeRunner:
+    """Sessions by host name; each() calls the function once per host, as the real runner does."""
+
+    @staticmethod
+    def session(host):
+        return type("S", (), {"host": type("H", (), {"name": host})()})()
+
+    def each(self, fn, hosts):
+        return {h.name: fn(self.session(h.name)) for h in hosts}
+
+
+def _prove(monkeypatch, code, text, logs, words=64):
+    """prove() with the proxy's answer and each instance's matching log lines (RID: the request id)."""
+    _, plan = pd_plan()
+    seen = {}
+
+    def fake_request(s, ep, path, body=None, timeout=60, header="", headers=()):
+        seen["rid"] = dict(headers)["X-Request-Id"]
+        seen["words"] = len(body["messages"][0]["content"].split())
+        return code, 812.0, text, ""
+
+    monkeypatch.setattr(P, "request", fake_request)
+    monkeypatch.setattr(P, "grep_log", lambda s, svc, needles: [ln.replace("RID", seen["rid"])
+                                                                 for ln in logs.get(svc.name, [])])
+    return P.prove(plan, FakeRunner(), words), seen
+
+
+ANSWER = json.dumps({"choices": [{"message": {"content": "the answer"}}]})
+
+
+def test_a_proof_needs_the_id_in_both_pools_and_a_completed_transfer(monkeypatch):
+    ok, seen = _prove(monkeypatch, 200, ANSWER, {"prefill-1": ["req RID prefilled"],
+                                                 "decode-0": ["req RID: KV transfer complete, 4 blocks"]})
+    assert ok.ok and "prefilled on prefill-1, its KV blocks moved to decode-0" in ok.detail and seen["words"] == 64
+    no_move, _ = _prove(monkeypatch, 200, ANSWER, {"prefill-1": ["req RID"], "decode-0": ["req RID decoded"]}, words=8)
+    assert not no_move.ok and "no completed KV transfer" in no_move.detail and "fills no 16-token block" in no_move.detail
+    health_only, _ = _prove(monkeypatch, 200, ANSWER, {})
+    assert not health_only.ok and "no prefill log shows request" in health_only.detail
+
+
+def test_a_failed_proof_is_named_by_the_log_with_its_fix(monkeypatch):
+    bad, _ = _prove(monkeypatch, 500, '{"error": "decode failed"}', {
+        "decode-0": ["(EngineCore_DP0 pid=9) ERROR RuntimeError: NIXL compatibility hash mismatch. Local: ab, Remote: cd"]})
+    assert not bad.ok and "HTTP 500" in bad.detail and "NIXL compatibility hash mismatch" in bad.detail
+    assert "make the pools' settings equal" in bad.fix
+    side, _ = _prove(monkeypatch, 500, "", {"decode-0": ["handshake with localhost:5600 failed: Connection refused"]})
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST" in side.fix
+
+
+def test_the_endpoint_is_the_proxy_with_the_instances_key():
+    _, plan = pd_plan()
+    assert isinstance(plan, LaunchPlan) and isinstance(plan.endpoint, Endpoint)
+    assert plan.endpoint.api_key_file == plan.service("decode-0").spec.secrets[0].host_file
