@@ -282,7 +282,11 @@ def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, jso
         results = judge_files(list(logs))
         report = rdma_report(results, host_of=lambda source: NO_HOST)  # files on this machine: no host
     else:
-        plan, results = run(_inventory(inventory, overrides))
+        inv = _inventory(inventory, overrides)
+        from .serving import layouts
+        if layouts.get(inv).name == "pd":
+            return _verify_nixl(inv, json_out)
+        plan, results = run(inv)
         if not results:  # a one-host layout: no rail carries NCCL traffic
             msg = f"SKIP: layout {plan.layout} runs on one host; NCCL stays inside it, no rail to verify"
             report = rdma_report([], skipped=msg, skip_host=plan.hosts()[0], layout=plan.layout)
@@ -297,6 +301,29 @@ def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, jso
     con.print(verdict_table(results, "verify-rdma: NCCL transport per rank"))
     con.print(Text("OK: every rank uses IB with GPUDirect RDMA on the rail" if report.ok else
                    "FAILED: see the reasons; a socket fallback makes a multi-node model several times slower",
+                   style="bold green" if report.ok else "bold red"))
+    return report.exit_code
+
+
+def _verify_nixl(inv, json_out: bool) -> int:
+    from rich.table import Table
+    from .report import nixl_report
+    from .verify import verify_nixl
+    _, verdicts = verify_nixl(inv)
+    report = nixl_report(verdicts)
+    if json_out:
+        return report.print_json()
+    con = console()
+    t = Table(title="verify-rdma: NIXL (UCX) transport per instance", title_justify="left")
+    for c in ("source", "verdict", "transport", "devices", "reasons"):
+        t.add_column(c, overflow="fold")
+    for v in verdicts:
+        t.add_row(v.source, Text(v.verdict.upper(), style="green" if v.verdict == "pass" else "bold red"),
+                  v.transport or "none seen", ", ".join(v.devices) or "-",
+                  Text("\n".join(v.reasons), style="red") if v.reasons else "")
+    con.print(t)
+    con.print(Text("OK: KV blocks move over RDMA on the rails" if report.ok else
+                   "FAILED: see the reasons; KV over TCP makes every request's TTFT pay for it",
                    style="bold green" if report.ok else "bold red"))
     return report.exit_code
 

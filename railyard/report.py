@@ -451,3 +451,19 @@ def recover_report(plan, rec, dry_run: bool) -> Report:
                         "" if status == PASS else "inv status; inv logs --rank SERVICE --lines 50")
     return Report([check], {"path": rec.path, "replicas": rec.replicas, "why": rec.why, "steps": rec.steps,
                             "done": rec.done, "failure": rec.failure or None, "dry_run": dry_run})
+
+
+def nixl_report(verdicts: list) -> Report:
+    """verify-rdma on the pd layout: a `nixl` check per instance (KV blocks over RDMA on the rails)."""
+    checks = []
+    for v in verdicts:
+        ev = f"{v.source}: transport {v.transport or 'none seen'}, devices {', '.join(v.devices) or '-'}"
+        if v.verdict == PASS:
+            checks.append(CheckResult(_host_of(v.source), "nixl", PASS,
+                                      f"UCX over {', '.join(v.devices)} (RDMA on the rail)", ev))
+        else:
+            detail, hint = _split_fixes(v.reasons)
+            checks.append(CheckResult(_host_of(v.source), "nixl", FAIL, detail, ev, hint))
+    if not checks:
+        checks = [CheckResult(NO_HOST, "nixl", FAIL, "no instance was judged")]
+    return Report(checks, {"instances": [v.as_dict() for v in verdicts]})

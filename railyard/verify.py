@@ -140,6 +140,38 @@ def verify_rdma(inv: Inventory) -> tuple[LaunchPlan, list[RankVerdict]]:
     return plan, out
 
 
+def _nixl_instance(s: Session, svc: Service, hcas: list[str]):
+    from .nixl import NixlVerdict, judge
+    src = f"{svc.host}:{svc.spec.name}"
+    c = inspect(s, svc.spec.name)
+    if not c.exists or not c.running:
+        return NixlVerdict(src, "fail", None, [], [f"container {svc.spec.name} is {c.status if c.exists else 'missing'} "
+                                                   f"on {svc.host} (fix: inv launch / inv start)"])
+    log = log_tail(s, svc.spec.name, None)
+    env = s.run(cmd("docker", "inspect", "--format", "{{json .Config.Env}}", svc.spec.name), timeout=30)
+    try:
+        values = dict(e.split("=", 1) for e in json.loads(env.stdout) if "=" in e) if env.ok else {}
+    except ValueError:
+        values = {}
+    return judge(src, log, hcas, values.get("UCX_NET_DEVICES"), pulls=svc.role == "decode")
+
+
+def verify_nixl(inv: Inventory) -> tuple[LaunchPlan, list]:
+    """The pd layout: every instance's UCX endpoints (railyard.nixl.judge): KV over RDMA on the rails."""
+    with Runner(layouts.get(inv).hosts(inv)) as runner:
+        plan = build_plan(inv, runner, strict=False)
+        instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
+        got = runner.each(lambda s: [_nixl_instance(s, x, [r.hca for r in inv.host(x.host).rails.values()])
+                                     for x in instances if x.host == s.host.name],
+                          [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])
+    from .nixl import NixlVerdict
+    out = []
+    for h in dict.fromkeys(x.host for x in instances):
+        res = got[h]
+        out += res if isinstance(res, list) else [NixlVerdict(h, "fail", None, [], [str(res.error)])]
+    return plan, out
+
+
 # ---------------------------------------------------------------- health
 
 @dataclass

@@ -217,8 +217,8 @@ class Pd:
         command = serve_command(replace(cfg, bind=rail.ip)) + ("--kv-transfer-config", kv)
         values = {"rail_hca": rail.hca, "gid_index": f.gid_index, "rail_iface": rail.name, "node_ip": rail.ip}
         env = dict(nccl_env(values))  # the DP/EP ranks inside the instance still talk NCCL
-        env.update({"UCX_TLS": v["pd_ucx_tls"], "UCX_NET_DEVICES": devices, "VLLM_NIXL_SIDE_CHANNEL_HOST": rail.ip,
-                    "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)})
+        env.update({"UCX_TLS": v["pd_ucx_tls"], "UCX_NET_DEVICES": devices, "UCX_LOG_LEVEL": "info",
+                    "VLLM_NIXL_SIDE_CHANNEL_HOST": rail.ip, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)})
         env.update(dict(cfg.extra_env))
         key = on_host(cfg.api_key_file, f.home)
         model_host = on_host(v["model_path"], f.home)
