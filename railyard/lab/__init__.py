@@ -47,6 +47,9 @@ LAB_IMAGE_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image v0.30.0-aarch
 # the LiteLLM proxy's own image (its program: the real proxy, from the lab's litellm venv)
 LITELLM_IMAGE_NAME = "docker.litellm.ai/berriai/litellm:v1.108.7"
 LITELLM_IMAGE_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image litellm v1.108.7").hexdigest()
+# the vLLM router's image (its program: the real vllm-router, from the lab's vllm-router venv)
+ROUTER_IMAGE_NAME = "ghcr.io/vllm-project/router:v0.1.17"
+ROUTER_IMAGE_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image vllm-router v0.1.17").hexdigest()
 _IMAGE_PATH = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 # each image's Config as `docker image inspect` shows it (railyard always passes --entrypoint)
 LAB_IMAGES = {
@@ -55,6 +58,8 @@ LAB_IMAGES = {
     LITELLM_IMAGE_NAME: {"digest": LITELLM_IMAGE_DIGEST, "config": {
         "Env": _IMAGE_PATH, "Entrypoint": ["docker/prod_entrypoint.sh"], "Cmd": ["--port", "4000"],
         "WorkingDir": "/app"}},
+    ROUTER_IMAGE_NAME: {"digest": ROUTER_IMAGE_DIGEST, "config": {
+        "Env": _IMAGE_PATH, "Entrypoint": ["vllm-router"], "WorkingDir": "/app"}},
 }
 SIM_TOOLS = ("ibdev2netdev", "show_gids", "nvidia-smi", "lscpu", "timedatectl", "docker")
 HOST_TOOLS = ("vllm",)  # installed on the host itself (outside containers) where the shape says so
@@ -62,6 +67,7 @@ SIM_SOURCE = Path(__file__).parent / "sim" / "tools.py"
 VLLM_SOURCE = Path(__file__).parent / "sim" / "vllm.py"
 LITELLM_SOURCE = Path(__file__).parent / "sim" / "litellm.py"
 LMCACHE_CLIENT_SOURCE = Path(__file__).parent / "sim" / "lmcache_client.py"
+NIXL_SOURCE = Path(__file__).parent / "sim" / "nixl.py"  # the stand-in's NixlConnector (image/lib/nixl_sim.py)
 # what the lab image's `lmcache` runs with: LMCache's usage telemetry and banner off
 LMCACHE_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1"}
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -416,7 +422,7 @@ def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAP
     hosts = [LabHost(name, i + 1, root, shape) for i, name in enumerate(names)]
 
     from . import components
-    components.ensure_all(log)  # the real LMCache and LiteLLM (minutes the first time, then instant)
+    components.ensure_all(log)  # the real LMCache, LiteLLM and vllm-router (minutes the first time, then instant)
     _ensure_keys(root, hosts)
     _install_sims(root, hosts, gpu)
     _ensure_bridges(shape)
@@ -524,6 +530,11 @@ def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200") -> None:
     os.chmod(image / "bin" / "litellm", 0o755)
     (image / "lib").mkdir(exist_ok=True)
     (image / "lib" / "lmcache_client.py").write_text(LMCACHE_CLIENT_SOURCE.read_text())
+    (image / "lib" / "nixl_sim.py").write_text(NIXL_SOURCE.read_text())
+    # the real vLLM router (the router image's program); its own venv, nothing of the image's site dir
+    (image / "bin" / "vllm-router").write_text(
+        f"#!/bin/sh\nunset PYTHONPATH\nexec {components.program('vllm-router')} \"$@\"\n")
+    os.chmod(image / "bin" / "vllm-router", 0o755)
     _build_memlock_shim(root / "sim")
     config = {"lab_dir": str(root), "image": LAB_IMAGE_NAME, "image_digest": LAB_IMAGE_DIGEST,
               "images": {name: i["config"] for name, i in LAB_IMAGES.items()},

@@ -1,4 +1,5 @@
-"""Real components the lab runs instead of stand-ins: the LMCache server and the LiteLLM proxy.
+"""Real components the lab runs instead of stand-ins: the LMCache server, the LiteLLM proxy and the
+vLLM router (vllm-project/router, the Rust prefill/decode router).
 
 Each lives in its own virtualenv with pinned versions, made once by `lab.up` (ensure()) and kept
 outside the lab directory, so `lab.down` does not throw away minutes of installing. The venvs are
@@ -26,9 +27,10 @@ MARKER = ".railyard-spec"
 COMPONENTS = {
     "lmcache": ("torch==2.13.0+cpu", "lmcache==0.5.6"),
     "litellm": ("litellm[proxy]==1.108.7",),
+    "vllm-router": ("vllm-router==0.1.17",),  # a Rust wheel (23 MB; the venv ~130 MB, ~10 s)
 }
 # the program each venv provides, as the lab image's bin runs it
-PROGRAMS = {"lmcache": "lmcache", "litellm": "litellm"}
+PROGRAMS = {"lmcache": "lmcache", "litellm": "litellm", "vllm-router": "vllm-router"}
 
 
 def venvs_dir() -> Path:

@@ -746,8 +746,26 @@ def kv_transfer(args, engines, served, avail):
               f"<class 'vllm.config.kv_transfer.KVTransferConfig'>: {e}", file=sys.stderr, flush=True)
         stop_children()
         sys.exit(2)
+    roles = ("kv_producer", "kv_consumer", "kv_both")
+    if cfg.get("kv_role") is not None and cfg["kv_role"] not in roles:  # vllm/config/kv_transfer.py
+        fail(f"Unsupported kv_role: {cfg['kv_role']}. Supported roles are {list(roles)}")
     if cfg.get("kv_connector") == "LMCacheMPConnector" and args["node-rank"] == 0:
         LMCACHE.start(cfg, args, engines, served, avail)
+    elif cfg.get("kv_connector") == "NixlConnector" and args["node-rank"] == 0:
+        nixl_start().start(cfg, args, engines, served, host_path(args["model"] or ""))
+
+
+NIXL = []  # the NixlConnector (image/lib/nixl_sim.py) when --kv-transfer-config names it
+
+
+def nixl_start():
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "lib", "nixl_sim.py")
+    spec = importlib.util.spec_from_file_location("railyard_lab_nixl", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    NIXL[:] = [mod.Nixl(sys.modules[__name__]), mod]
+    return NIXL[0]
 
 
 def prefill(ids, block, st, rid):
@@ -842,11 +860,41 @@ def make_handler(args, served, key):
                                                    "code": 404}))
             prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
             words = ["The", " two", " stations", " answer", " over", " the", " rail", "."]
-            st = STATS[sum(e["requests"] for e in STATS) % len(STATS)]  # the DP coordinator spreads requests
+            # vLLM honours the router's X-data-parallel-rank; otherwise the DP coordinator spreads requests
+            want = self.headers.get("X-data-parallel-rank", "")
+            dp = int(want) if want.isdigit() and int(want) < len(STATS) else \
+                sum(e["requests"] for e in STATS) % len(STATS)
+            st = STATS[dp]
             st["requests"] += 1
-            rid = f"chatcmpl-{uuidlib.uuid4().hex}"
+            xrid = self.headers.get("X-Request-Id")  # serving_chat: chatcmpl-<X-Request-Id>, else a random id
+            rid = f"chatcmpl-{xrid or uuidlib.uuid4().hex}"
             ids = token_ids(prompt)
-            prefill(ids, args["block-size"], st, rid)
+            cap = req.get("max_completion_tokens") or req.get("max_tokens")
+            if isinstance(cap, int) and cap > 0:
+                words = words[:cap]
+            ktp = req.get("kv_transfer_params") if isinstance(req.get("kv_transfer_params"), dict) else None
+            if args.get("enable-log-requests"):
+                log(f"Received request {rid}: prompt: {prompt[:40]!r}, params: SamplingParams(n=1, "
+                    f"temperature=1.0, top_p=1.0, max_tokens={cap if isinstance(cap, int) else None}), "
+                    f"prompt_token_ids: None, lora_request: None.", where="logger.py:49")
+                log(f"Added request {rid}.", where="async_llm.py:360")
+            out_params, finish = None, "stop"
+            st["running"] += 1
+            try:
+                if NIXL and ktp and ktp.get("do_remote_prefill") and ktp.get("remote_block_ids"):
+                    try:
+                        got, _ = NIXL[0].pull(dp, rid, ktp)
+                    except NIXL[1].HandshakeDead:
+                        return self._engine_dead()
+                    # the tokens no full block carried are computed here
+                    time.sleep(max(0, len(ids) - got) * _prefill_us() / 1e6)
+                else:
+                    prefill(ids, args["block-size"], st, rid)
+                if NIXL and ktp and ktp.get("do_remote_decode"):
+                    out_params, finish = NIXL[0].finished_prefill(dp, rid, len(ids)), "length"
+                time.sleep(len(words) * _tpot_s(st))
+            finally:
+                st["running"] -= 1
             st["prompt"] += len(ids)
             st["generation"] += len(words)
             st["spec_drafts"] += 4
@@ -870,7 +918,7 @@ def make_handler(args, served, key):
                     chunk(json.dumps(dict(base, choices=[{"index": 0, "delta": {"content": wd}, "logprobs": None,
                                                            "finish_reason": None}])))
                 chunk(json.dumps(dict(base, choices=[{"index": 0, "delta": {"content": ""}, "logprobs": None,
-                                                       "finish_reason": "stop", "stop_reason": None}])))
+                                                       "finish_reason": finish, "stop_reason": None}])))
                 chunk("[DONE]")
                 self.wfile.write(b"0\r\n\r\n")
                 return
@@ -878,9 +926,45 @@ def make_handler(args, served, key):
                 "id": rid, "object": "chat.completion", "created": int(time.time()), "model": served,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(words),
                                                      "reasoning_content": None, "tool_calls": []},
-                             "logprobs": None, "finish_reason": "stop", "stop_reason": None}],
-                "usage": usage, "prompt_logprobs": None}))
+                             "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+                "usage": usage, "prompt_logprobs": None, "kv_transfer_params": out_params}))
+
+        def _engine_dead(self):
+            """The engine died under the request (vLLM: EngineDeadError): a 500, then the server exits."""
+            msg = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+            log("AsyncLLM output_handler failed.", "ERROR", where="async_llm.py:708")
+            print(f"(APIServer pid={os.getpid()}) vllm.v1.engine.exceptions.EngineDeadError: {msg}", flush=True)
+            self._send(500, json.dumps({"object": "error", "message": msg, "type": "InternalServerError",
+                                        "param": None, "code": 500}))
+            self.wfile.flush()
+
+            def bye():
+                time.sleep(0.3)
+                print("INFO:     Shutting down", flush=True)
+                stop_children()
+                os._exit(1)
+
+            threading.Thread(target=bye, daemon=True).start()
     return Handler
+
+
+TPOT_ENV = "RAILYARD_LAB_DECODE_MS_PER_TOKEN"  # the modeled time of one output token with one request running
+
+
+def _prefill_us():
+    try:
+        return float(os.environ.get(PREFILL_US_ENV, PREFILL_US_DEFAULT))
+    except ValueError:
+        return PREFILL_US_DEFAULT
+
+
+def _tpot_s(st):
+    """One output token's time: a base cost that grows with the engine's decode batch (requests running)."""
+    try:
+        base = float(os.environ.get(TPOT_ENV, "2.0"))
+    except ValueError:
+        base = 2.0
+    return base / 1e3 * (1 + 0.05 * max(0, st["running"] - 1))
 
 
 METRICS = (  # (name, type, help, STATS key), in vLLM's order
@@ -910,7 +994,7 @@ def metrics(served):
         for n, st in enumerate(STATS):
             v = st[key]
             out.append(f'{name}{{engine="{n}",{m}}} {v if isinstance(v, float) else f"{v}.0"}')
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n" + (NIXL[0].metrics(served) if NIXL else "")
 
 
 # ---------------------------------------------------------------- main
