@@ -170,8 +170,10 @@ def _print_launch(rep, con, what: str) -> int:
         return 0
     if rep.proof:
         con.print(Text(f"P->D path: {rep.proof}", style="green"))
-    con.print(Text(f"{what}: ready in {rep.ready_seconds:.1f} s ({' -> '.join(rep.order)}); API {rep.api} "
-                   f"(the key is in {rep.plan.endpoint.api_key_file} on {rep.plan.endpoint.host})", style="bold green"))
+    ep = rep.plan.endpoint
+    key = f"the key is in {ep.api_key_file} on {ep.host}" if ep.api_key_file else "it takes no API key"
+    con.print(Text(f"{what}: ready in {rep.ready_seconds:.1f} s ({' -> '.join(rep.order)}); API {rep.api} ({key})",
+                   style="bold green"))
     return 0
 
 

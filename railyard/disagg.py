@@ -14,7 +14,7 @@ import secrets
 
 from .ops.containers import log_tail
 from .ops.http import parse_metrics, request
-from .ops.pd import grep_log, proof_prompt
+from .ops.pd import find_request, proof_prompt
 from .runner import Runner
 from .serving.spec import Endpoint, LaunchPlan, Service
 from .serving.vllm import parse_kv_cache
@@ -28,8 +28,7 @@ HISTOGRAMS = {"ttft_mean_s": "vllm:time_to_first_token_seconds",
 
 
 def _endpoint(svc: Service) -> Endpoint:
-    return Endpoint(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0], svc.spec.secrets[0].host_file
-                    if svc.spec.secrets else "")
+    return Endpoint(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0])
 
 
 def _mean(m: dict, names) -> float | None:
@@ -59,27 +58,23 @@ def _instance(s: Session, svc: Service) -> tuple[list[Probe], dict]:
 def _timed(runner: Runner, plan: LaunchPlan, words: int) -> tuple[Probe, dict]:
     s = runner.session(plan.endpoint.host)
     out: dict = {}
-    rid = f"railyard-health-{secrets.token_hex(6)}"
+    nonce = f"railyard-health-{secrets.token_hex(6)}"
     times = {}
     for n in (1, TPOT_TOKENS):
         body = {"model": plan.endpoint.model, "max_tokens": n, "temperature": 0, "ignore_eos": True,
-                "messages": [{"role": "user", "content": proof_prompt(words)}]}
-        code, ms, text, _ = request(s, plan.endpoint, "/v1/chat/completions", body, timeout=600,
-                                    headers=(("X-Request-Id", f"{rid}-{n}"),))
+                "messages": [{"role": "user", "content": proof_prompt(words, f"{nonce}-{n}")}]}
+        code, ms, text, _ = request(s, plan.endpoint, "/v1/chat/completions", body, timeout=600)
         if code != 200:
             return Probe("request via proxy", False, f"HTTP {code}: {text.strip()[:160]}"), out
         times[n] = ms
     ttft, tpot = times[1] / 1000, (times[TPOT_TOKENS] - times[1]) / 1000 / (TPOT_TOKENS - 1)
-    instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
-    got = runner.each(lambda sess: {x.name: bool(grep_log(sess, x, [f"{rid}-1"])) for x in instances
-                                    if x.host == sess.host.name},
-                      [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])
-    served = sorted(n for d in got.values() if isinstance(d, dict) for n, hit in d.items() if hit)
-    out.update(ttft_s=round(ttft, 4), tpot_ms=round(tpot * 1000, 2), served_by=served)
-    pools = {x.role for x in instances if x.name in served}
-    return Probe("request via proxy", pools == {"prefill", "decode"},
-                 f"TTFT {ttft:.3f} s, TPOT {tpot * 1000:.1f} ms; served by {', '.join(served) or 'no instance log'}"
-                 + ("" if pools == {"prefill", "decode"} else "; not by both pools"), times[1]), out
+    rid, pre, dec = find_request(runner, plan, f"{nonce}-{TPOT_TOKENS}")
+    out.update(ttft_s=round(ttft, 4), tpot_ms=round(tpot * 1000, 2), request_id=rid or None, prefill=pre, decode=dec)
+    both = bool(pre and dec)
+    return Probe("request via proxy", both,
+                 f"TTFT {ttft:.3f} s, TPOT {tpot * 1000:.1f} ms; served by "
+                 + (", ".join(pre + dec) if rid else "no instance log (vLLM logs ids with --enable-log-requests)")
+                 + ("" if both or not rid else "; not by both pools"), times[1]), out
 
 
 def api_probes(words: int):

@@ -153,14 +153,17 @@ def _nixl_instance(s: Session, svc: Service, hcas: list[str]):
         values = dict(e.split("=", 1) for e in json.loads(env.stdout) if "=" in e) if env.ok else {}
     except ValueError:
         values = {}
-    return judge(src, log, hcas, values.get("UCX_NET_DEVICES"), pulls=svc.role == "decode")
+    return judge(src, log, hcas, values.get("UCX_NET_DEVICES"))
 
 
 def verify_nixl(inv: Inventory) -> tuple[LaunchPlan, list]:
-    """The pd layout: every instance's UCX endpoints (railyard.nixl.judge): KV over RDMA on the rails."""
+    """The pd layout: requests through the proxy (two per prefill DP rank, so that round robin
+    reaches each), then every instance's UCX endpoints (railyard.nixl.judge): KV over RDMA on the rails."""
+    from .ops.pd import exercise
     with Runner(layouts.get(inv).hosts(inv)) as runner:
         plan = build_plan(inv, runner, strict=False)
         instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
+        exercise(plan, runner, int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
         got = runner.each(lambda s: [_nixl_instance(s, x, [r.hca for r in inv.host(x.host).rails.values()])
                                      for x in instances if x.host == s.host.name],
                           [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])

@@ -102,3 +102,17 @@ def inv_cmd(*args: str, env: dict | None = None, timeout: float = 120) -> subpro
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
                           env=full_env, timeout=timeout)
+
+
+def pd_inventory(lab_path, out):
+    """The 3-host hgx8 lab inventory as pools: prefill A and B (2 instances each), decode C."""
+    import yaml
+    data = yaml.safe_load(open(lab_path).read())
+    hosts = data["all"]["children"]["lab"]["hosts"]
+    data["all"]["vars"]["serve_layout"] = "pd"
+    data["all"]["children"] = {
+        "prefill": {"vars": {"pd_instances_per_host": 2}, "hosts": {h: hosts[h] for h in ("A", "B")}},
+        "decode": {"hosts": {"C": hosts["C"]}},
+    }
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out

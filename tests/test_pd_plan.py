@@ -14,7 +14,6 @@ from railyard.ops import pd as P
 from railyard.render import docker
 from railyard.serving import layouts
 from railyard.serving.hostfacts import HostFacts
-from railyard.serving.spec import Endpoint, LaunchPlan
 
 from .conftest import ROOT, inv_cmd
 from .test_plan import docker_parses
@@ -65,7 +64,7 @@ def test_each_instance_talks_nixl_on_its_rail_and_nccl_inside():
         docker_parses(docker.run_line(plan, s))
 
 
-def test_the_proxy_is_vllm_router_in_pd_mode_over_both_pools_and_holds_no_key():
+def test_the_proxy_is_vllm_router_in_pd_mode_over_both_pools_on_loopback():
     _, plan = pd_plan()
     argv = shlex.split(docker.run_line(plan, plan.service("proxy")))
     i = argv.index("--entrypoint")
@@ -74,8 +73,10 @@ def test_the_proxy_is_vllm_router_in_pd_mode_over_both_pools_and_holds_no_key():
     assert prefill == ["http://192.168.120.11:8100", "http://192.168.120.11:8101", "http://192.168.120.12:8100",
                        "http://192.168.120.12:8101"]
     assert [argv[j + 1] for j, a in enumerate(argv) if a == "--decode"] == ["http://192.168.120.13:8100"]
-    assert "--api-key" not in argv and not plan.service("proxy").spec.secrets
-    assert all(s.spec.secrets[0].shared for s in plan.services() if s.role != "proxy")
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and plan.endpoint.api_key_file == ""
+    # vllm-router sends its workers an empty bearer: they take no key (a key would refuse every request)
+    assert not any(s.spec.secrets for s in plan.services())
+    assert all("--enable-log-requests" in docker.run_line(plan, s) for s in plan.services() if s.role != "proxy")
 
 
 def test_a_pools_group_vars_win_over_its_defaults(tmp_path):
@@ -112,6 +113,7 @@ def _write(tmp_path, prefill=None, decode=None, all_vars=None):
                                                   "= 12 GPUs on P2"]),
     (dict(all_vars={"pd_proof_words": 8}), ["pd_proof_words = 8: the proof prompt must be longer than one KV block"]),
     (dict(all_vars={"pd_proxy_image": "router:latest"}), ["pd_proxy_image = 'router:latest': must be pinned"]),
+    (dict(all_vars={"pd_proxy_bind": "10.40.0.11"}), ["pd_proxy_bind = '10.40.0.11': vllm-router checks no client key"]),
 ])
 def test_what_the_handshake_compares_is_checked_before_any_ssh(tmp_path, kw, expects):
     p = _write(tmp_path, **kw)
@@ -143,45 +145,50 @@ class FakeRunner:
         return {h.name: fn(self.session(h.name)) for h in hosts}
 
 
-def _prove(monkeypatch, code, text, logs, words=64):
-    """prove() with the proxy's answer and each instance's matching log lines (RID: the request id)."""
+def _prove(monkeypatch, code, text, logs, words=64, moved=True):
+    """prove() with the proxy's answer, each instance's log (NONCE: the proof's own word, RID: the id
+    vllm-router gave it) and the decode's NIXL transfer counter (one more after the request if moved)."""
     _, plan = pd_plan()
-    seen = {}
+    seen = {"counts": iter([0.0, 1.0 if moved else 0.0])}
+    rid = "chatcmpl-___prefill_addr_192.168.120.11:8101___decode_addr_192.168.120.13:8100_0123abcd"
 
     def fake_request(s, ep, path, body=None, timeout=60, header="", headers=()):
-        seen["rid"] = dict(headers)["X-Request-Id"]
+        if path == "/metrics":
+            return 200, 1.0, f"vllm:nixl_xfer_time_seconds_count{{engine=\"0\"}} {next(seen['counts'])}\n", ""
+        seen["nonce"] = body["messages"][0]["content"].split()[0]
         seen["words"] = len(body["messages"][0]["content"].split())
         return code, 812.0, text, ""
 
+    def fake_grep(s, svc, needles):
+        return [ln.replace("NONCE", seen["nonce"]).replace("RID", rid) for ln in logs.get(svc.name, [])
+                if any(n in ln.replace("NONCE", seen["nonce"]).replace("RID", rid) for n in needles)]
+
     monkeypatch.setattr(P, "request", fake_request)
-    monkeypatch.setattr(P, "grep_log", lambda s, svc, needles: [ln.replace("RID", seen["rid"])
-                                                                 for ln in logs.get(svc.name, [])])
+    monkeypatch.setattr(P, "grep_log", fake_grep)
     return P.prove(plan, FakeRunner(), words), seen
 
 
 ANSWER = json.dumps({"choices": [{"message": {"content": "the answer"}}]})
+RECEIVED = "(APIServer pid=7) INFO 12-01 12:06:30 [logger.py:49] Received request RID: prompt: 'NONCE w1 w2', params: ..."
 
 
-def test_a_proof_needs_the_id_in_both_pools_and_a_completed_transfer(monkeypatch):
-    ok, seen = _prove(monkeypatch, 200, ANSWER, {"prefill-1": ["req RID prefilled"],
-                                                 "decode-0": ["req RID: KV transfer complete, 4 blocks"]})
-    assert ok.ok and "prefilled on prefill-1, its KV blocks moved to decode-0" in ok.detail and seen["words"] == 64
-    no_move, _ = _prove(monkeypatch, 200, ANSWER, {"prefill-1": ["req RID"], "decode-0": ["req RID decoded"]}, words=8)
-    assert not no_move.ok and "no completed KV transfer" in no_move.detail and "fills no 16-token block" in no_move.detail
+def test_a_proof_needs_the_request_in_both_pools_and_one_more_transfer(monkeypatch):
+    logs = {"prefill-1": [RECEIVED], "decode-0": [RECEIVED]}
+    ok, seen = _prove(monkeypatch, 200, ANSWER, logs)
+    assert ok.ok and "prefilled on prefill-1 and its KV blocks moved to decode-0" in ok.detail, ok.detail
+    assert seen["words"] == 64 and seen["nonce"].startswith("railyard-proof-")
+    no_move, _ = _prove(monkeypatch, 200, ANSWER, logs, words=8, moved=False)
+    assert not no_move.ok and "without a NIXL transfer" in no_move.detail and "fills no 16-token block" in no_move.detail
     health_only, _ = _prove(monkeypatch, 200, ANSWER, {})
-    assert not health_only.ok and "no prefill log shows request" in health_only.detail
+    assert not health_only.ok and "no instance logged the request" in health_only.detail
 
 
 def test_a_failed_proof_is_named_by_the_log_with_its_fix(monkeypatch):
-    bad, _ = _prove(monkeypatch, 500, '{"error": "decode failed"}', {
-        "decode-0": ["(EngineCore_DP0 pid=9) ERROR RuntimeError: NIXL compatibility hash mismatch. Local: ab, Remote: cd"]})
+    bad, _ = _prove(monkeypatch, 500, '{"error": "EngineCore encountered an issue"}', {
+        "decode-0": ["(Worker_DP0 pid=9) ERROR RuntimeError: NIXL compatibility hash mismatch. Local: ab, Remote: cd"]},
+        moved=False)
     assert not bad.ok and "HTTP 500" in bad.detail and "NIXL compatibility hash mismatch" in bad.detail
     assert "make the pools' settings equal" in bad.fix
-    side, _ = _prove(monkeypatch, 500, "", {"decode-0": ["handshake with localhost:5600 failed: Connection refused"]})
+    side, _ = _prove(monkeypatch, 500, "", {"decode-0": ["(Worker_DP0 pid=9) ERROR zmq.error.Again: Resource "
+                                                         "temporarily unavailable"]}, moved=False)
     assert "VLLM_NIXL_SIDE_CHANNEL_HOST" in side.fix
-
-
-def test_the_endpoint_is_the_proxy_with_the_instances_key():
-    _, plan = pd_plan()
-    assert isinstance(plan, LaunchPlan) and isinstance(plan.endpoint, Endpoint)
-    assert plan.endpoint.api_key_file == plan.service("decode-0").spec.secrets[0].host_file

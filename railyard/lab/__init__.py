@@ -770,7 +770,10 @@ def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200") -> Pat
                 # serve_layout replicas on this machine: a small LMCache L1 (it allocates all of it at
                 # start on a CPU), one LiteLLM worker (~380 MB each), a short health-check interval
                 **({"litellm_image": f"{LITELLM_IMAGE_NAME}@{LITELLM_IMAGE_DIGEST}", "lmcache_l1_size_gb": 0.25,
-                    "litellm_num_workers": 1, "litellm_health_check_interval_s": 5} if shape == "hgx8" else {}),
+                    "litellm_num_workers": 1, "litellm_health_check_interval_s": 5,
+                    # serve_layout pd: the real vllm-router, polling its instances every 2 s
+                    "pd_proxy_image": f"{ROUTER_IMAGE_NAME}@{ROUTER_IMAGE_DIGEST}", "pd_proxy_health_interval_s": 2,
+                    "pd_proxy_health_failures": 1} if shape == "hgx8" else {}),
                 # veth links report 10000Mb/s; real ConnectX-8 rails report 400000
                 "preflight_link_speed_mbps": 10000,
                 "preflight_disk_margin_gb": 1,

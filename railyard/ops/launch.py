@@ -306,24 +306,14 @@ def prechecks(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path
 
 
 def ensure_secrets(plan: LaunchPlan, runner: Runner) -> list[str]:
-    """Create each service's secret file (0600) on its host unless it exists; the files created.
-    A shared secret has one value on every host of the plan: the first host's (made there if none
-    has it), copied to the others over their sessions."""
+    """Create each service's secret file (0600) on its host unless it exists; the files created."""
     made = []
     for svc in plan.services():
-        for sec in (x for x in svc.spec.secrets if not x.shared):
+        for sec in svc.spec.secrets:
             s = runner.session(svc.host)
             if not s.run(f"test -s {q(RemotePath(sec.host_file))}", timeout=30).ok:
                 write_remote(s, sec.host_file, sec.prefix + secrets.token_urlsafe(32) + "\n")
                 made.append(f"{svc.host}:{sec.host_file}")
-    shared = list(dict.fromkeys(x for svc in plan.services() for x in svc.spec.secrets if x.shared))
-    for sec in shared:
-        have = {h: read_remote(runner.session(h), sec.host_file) for h in plan.hosts()}
-        value = next((v for v in have.values() if v and v.strip()), None) or sec.prefix + secrets.token_urlsafe(32) + "\n"
-        for h, v in have.items():
-            if v != value:
-                write_remote(runner.session(h), sec.host_file, value)
-                made.append(f"{h}:{sec.host_file}")
     return made
 
 

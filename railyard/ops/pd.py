@@ -17,21 +17,28 @@ from ..serving.spec import LaunchPlan, Service
 from ..transport import Session, cmd
 from .http import request
 
-# what the instances log (vLLM's NixlConnector, and the lab's stand-in in its formats)
-TRANSFER_DONE = "KV transfer complete"
+# What vLLM logs (with --enable-log-requests) and exports. vllm-router makes the request id
+# (`___prefill_addr_<P>___decode_addr_<D>_<hex>`, the same on both sides) and ignores the client's,
+# so the proof finds its request by a word of its own in the prompt.
+RECEIVED = "Received request "
+XFERS = "vllm:nixl_xfer_time_seconds_count"   # one sample per successful transfer (NixlPromMetrics)
 KNOWN_FAILURES = (
     ("NIXL compatibility hash mismatch",
      "prefill and decode differ in what the NIXL handshake compares (image, model, KV cache dtype, attention "
      "backend, speculative method): make the pools' settings equal and relaunch"),
-    ("localhost",
-     "an instance's NIXL side channel is on localhost, which the other host cannot reach: set "
-     "VLLM_NIXL_SIDE_CHANNEL_HOST to its rail address (railyard does; check vllm_extra_env)"),
+    ("zmq.error.Again",
+     "decode could not reach the prefill instance's NIXL side channel: VLLM_NIXL_SIDE_CHANNEL_HOST must be that "
+     "host's rail address, not localhost (railyard sets it; check vllm_extra_env) and its port open"),
+    ("Remote NIXL agent engine ID mismatch",
+     "decode reached another NIXL agent than the prefill instance that served the request (a side channel on "
+     "localhost leads decode to its own host): VLLM_NIXL_SIDE_CHANNEL_HOST must be that host's rail address, not "
+     "localhost (railyard sets it; check vllm_extra_env)"),
     ("Releasing expired KV blocks",
      "prefill released KV blocks no decode worker read in time: decode is overloaded or cannot reach the prefill "
      "host's side channel (inv verify-rdma; VLLM_NIXL_ABORT_REQUEST_TIMEOUT)"),
     ("NIXL_ERR_BACKEND",
-     "NIXL could not start its UCX backend: a UCX from a pip wheel conflicts with the image's (see the instance's "
-     "log; use the image's UCX)"),
+     "NIXL could not start its UCX backend or found no transport to the peer: /dev/infiniband, IPC_LOCK, memlock and "
+     "UCX_TLS/UCX_NET_DEVICES (inv verify-rdma); a UCX from a pip wheel can also conflict with the image's"),
 )
 
 
@@ -46,61 +53,110 @@ class Proof:
     fix: str = ""
 
 
-def proof_prompt(words: int) -> str:
-    return " ".join(f"w{i % 97}" for i in range(words))
+def proof_prompt(words: int, nonce: str = "") -> str:
+    """About `words` words (each one token in vLLM's tokenizers and the lab's), the nonce first."""
+    body = [f"w{i % 97}" for i in range(words - (1 if nonce else 0))]
+    return " ".join(([nonce] if nonce else []) + body)
 
 
 def grep_log(s: Session, svc: Service, needles: list[str]) -> list[str]:
     pats = [a for n in needles for a in ("-e", n)]
-    r = s.run(cmd("docker", "logs", svc.spec.name) + " 2>&1 | " + cmd("grep", "-F", *pats) + " | tail -n 40",
+    r = s.run(cmd("docker", "logs", svc.spec.name) + " 2>&1 | " + cmd("grep", "-F", *pats) + " | tail -n 200",
               timeout=60)
     return r.stdout.splitlines() if not r.error else []
 
 
+def _each_instance(runner: Runner, instances: list[Service], fn) -> dict:
+    """fn(session, service) for every instance, one session per host, in parallel: {name: result}."""
+    got = runner.each(lambda s: {x.name: fn(s, x) for x in instances if x.host == s.host.name},
+                      [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])
+    out: dict = {}
+    for res in got.values():
+        if isinstance(res, dict):
+            out.update(res)
+    return out
+
+
+def xfer_count(s: Session, svc: Service) -> float | None:
+    from ..serving.spec import Endpoint
+    from .http import parse_metrics
+    code, _, text, _ = request(s, Endpoint(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0]), "/metrics",
+                               timeout=10)
+    return parse_metrics(text).get(XFERS, 0.0) if code == 200 else None
+
+
+def find_request(runner: Runner, plan: LaunchPlan, nonce: str) -> tuple[str, list[str], list[str]]:
+    """The request id vLLM logged for the prompt carrying nonce, and the instances of each pool that logged it."""
+    instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
+    first = _each_instance(runner, instances, lambda s, x: grep_log(s, x, [nonce]))
+    rid = ""
+    for lines in first.values():
+        for ln in lines:
+            if RECEIVED in ln:
+                rid = ln.split(RECEIVED, 1)[1].split(":", 1)[0].strip()
+                break
+        if rid:
+            break
+    if not rid:
+        return "", [], []
+    seen = _each_instance(runner, instances, lambda s, x: any(rid in ln for ln in grep_log(s, x, [rid])))
+    return rid, [n for n, hit in seen.items() if hit and n.startswith("prefill")], \
+        [n for n, hit in seen.items() if hit and n.startswith("decode")]
+
+
+def exercise(plan: LaunchPlan, runner: Runner, words: int) -> int:
+    """Requests through the proxy, two per prefill DP rank (vllm-router round-robins over instance@rank),
+    so that every P->D path carries a transfer; the number that answered 200."""
+    ranks = sum(int(x.expects("kv_engines", "1")) for x in plan.services() if x.role == "prefill")
+    s = runner.session(plan.endpoint.host)
+    ok = 0
+    for i in range(2 * ranks):
+        body = {"model": plan.endpoint.model, "max_tokens": 1, "temperature": 0,
+                "messages": [{"role": "user", "content": proof_prompt(words, f"railyard-verify-{i}")}]}
+        ok += request(s, plan.endpoint, "/v1/chat/completions", body, timeout=600)[0] == 200
+    return ok
+
+
 def prove(plan: LaunchPlan, runner: Runner, words: int) -> Proof:
-    rid = f"railyard-proof-{secrets.token_hex(6)}"
+    nonce = f"railyard-proof-{secrets.token_hex(6)}"
     body = {"model": plan.endpoint.model, "max_tokens": 16, "temperature": 0,
-            "messages": [{"role": "user", "content": proof_prompt(words)}]}
+            "messages": [{"role": "user", "content": proof_prompt(words, nonce)}]}
+    instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
+    decodes = [x for x in instances if x.role == "decode"]
+    before = _each_instance(runner, decodes, xfer_count)
     code, ms, text, _ = request(runner.session(plan.endpoint.host), plan.endpoint, "/v1/chat/completions", body,
-                                timeout=600, headers=(("X-Request-Id", rid),))
+                                timeout=600)
     try:
         answer = json.loads(text)["choices"][0]["message"]["content"] if code == 200 else ""
     except (ValueError, KeyError, IndexError, TypeError):
         answer = ""
-    instances = [s for s in plan.services() if s.role in ("prefill", "decode")]
-    needles = [rid] + [f for f, _ in KNOWN_FAILURES]
-    logs = runner.each(lambda s: {svc.name: grep_log(s, svc, needles) for svc in instances if svc.host == s.host.name},
-                       [runner.session(h).host for h in dict.fromkeys(s.host for s in instances)])
-    lines: dict[str, list[str]] = {}
-    for got in logs.values():
-        if isinstance(got, dict):
-            lines.update(got)
-    seen = {n: [ln for ln in ls if rid in ln] for n, ls in lines.items()}
-    pre = [n for n in seen if n.startswith("prefill") and seen[n]]
-    dec = [n for n in seen if n.startswith("decode") and seen[n]]
-    moved = [n for n in dec if any(TRANSFER_DONE in ln for ln in seen[n])]
+    rid, pre, dec = find_request(runner, plan, nonce)
+    after = _each_instance(runner, decodes, xfer_count)
+    moved = [n for n in dec if (after.get(n) or 0) > (before.get(n) or 0)]
     proof = Proof(False, "", rid, ms, pre, dec)
     if code == 200 and answer and pre and moved:
         proof.ok = True
-        proof.detail = (f"{words}-word prompt through the proxy answered in {ms / 1000:.2f} s; request {rid} prefilled "
-                        f"on {', '.join(pre)}, its KV blocks moved to {', '.join(moved)}")
+        proof.detail = (f"a {words}-word prompt through the proxy answered in {ms / 1000:.2f} s; request {rid} was "
+                        f"prefilled on {', '.join(pre)} and its KV blocks moved to {', '.join(moved)} over NIXL")
         return proof
     why = []
     if code != 200:
         why.append(f"the proxy answered HTTP {code}" + (f": {text.strip()[:160]}" if text.strip() else ""))
     elif not answer:
         why.append("the answer had no text")
-    if not pre:
-        why.append(f"no prefill log shows request {rid}")
-    if not dec:
-        why.append(f"the decode log does not show request {rid}")
-    elif not moved:
-        why.append(f"decode shows request {rid} but no completed KV transfer"
-                   + (f" (a {words}-word prompt fills no 16-token block: nothing moves)" if words <= 16 else ""))
+    if not rid:
+        why.append("no instance logged the request (vLLM logs ids with --enable-log-requests)")
+    else:
+        if not pre:
+            why.append(f"no prefill log shows request {rid}")
+        if not dec:
+            why.append(f"the decode log does not show request {rid}")
+        elif not moved:
+            why.append(f"{', '.join(dec)} served request {rid} without a NIXL transfer ({XFERS} did not grow)"
+                       + (f"; a {words}-word prompt fills no 16-token block, so nothing moves" if words <= 16 else ""))
+    logs = _each_instance(runner, instances, lambda s, x: grep_log(s, x, [f for f, _ in KNOWN_FAILURES]))
     for pattern, fix in KNOWN_FAILURES:
-        hit = next((f"{n}: {ln.strip()[:200]}" for n, ls in lines.items() for ln in ls
-                    if pattern in ln and (pattern != "localhost" or "side" in ln.lower() or "connect" in ln.lower())),
-                   None)
+        hit = next((f"{n}: {ln.strip()[:220]}" for n, ls in logs.items() for ln in ls if pattern in ln), None)
         if hit:
             why.append(f"log: {hit}")
             proof.fix = fix

@@ -75,7 +75,6 @@ class Secret:
     host_file: str  # absolute path on the host
     target: str     # where the container sees the file
     prefix: str = ""  # what a generated value starts with (LiteLLM's keys: sk-)
-    shared: bool = False  # one value on every host of the plan (instances that call each other, clients)
 
 
 @dataclass(frozen=True)
@@ -238,9 +237,8 @@ def spec_dict(spec: ContainerSpec) -> dict:
         if getattr(spec, k) == default:
             d.pop(k)
     for sec in d["secrets"]:
-        for k, default in (("prefix", ""), ("shared", False)):
-            if sec[k] == default:
-                sec.pop(k)
+        if not sec["prefix"]:
+            sec.pop("prefix")
     return d
 
 

@@ -6,7 +6,13 @@
              UCX over the host's rail HCAs; ready: startup line, KV cache of every DP rank, /health
     stage 2  proxy                         vllm-router in vLLM PD mode (NIXL), round robin per pool;
              ready: its /health; then the P->D proof (railyard.ops.pd): one real request through
-             it with a prompt over one KV block, whose id both logs show with a completed transfer
+             it with a prompt over one KV block, whose id both logs show, the decode side with one
+             more successful NIXL transfer
+
+vllm-router 0.1.17 checks no client key and passes none on (its workers get an empty bearer), so
+the instances take no key and listen on their host's serve-rail address (a private fabric), and
+the proxy listens on this host's loopback unless pd_proxy_unauthenticated_ok says the network is
+closed.
 
 The hosts of the group `prefill` run prefill instances, those of `decode` decode instances
 (`pd_instances_per_host` each). Each pool's settings are its group vars, over the pool defaults
@@ -18,15 +24,15 @@ both pools, one line per difference; TP, block counts and speculative token coun
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, replace
 
 from ...errors import Problem
 from ...inventory import IMAGE_RE, Host, Inventory, origin_of
 from ..hostfacts import HostFacts, on_host
-from ..spec import ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest, Secret, Service, Stage
-from ..vllm import ALL2ALL_BACKENDS, API_KEY_TARGET, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, \
-    serve_command
+from ..spec import ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest, Service, Stage
+from ..vllm import ALL2ALL_BACKENDS, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, serve_command
 
 POOLS = ("prefill", "decode")
 ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -35,6 +41,13 @@ PROXY_READY = "/health"
 COMPARED = (("vllm_image", "the image (vLLM and NIXL connector version)"), ("model_repo", "the model"),
             ("model_revision", "the model revision"), ("vllm_kv_cache_dtype", "the KV cache dtype"),
             ("attention_backend", "the attention backend"), ("speculative_method", "the speculative method"))
+
+
+def _loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"
 
 
 def pool_of(h: Host) -> str | None:
@@ -124,6 +137,12 @@ class Pd:
             file_, key = origin_of(inv.head, "pd_proxy_host")
             out.append(Problem(file_, key, inv.head.vars["pd_proxy_host"], "no such host in the inventory"))
         v0 = inv.head.vars
+        if not _loopback(v0["pd_proxy_bind"]) and not v0["pd_proxy_unauthenticated_ok"]:
+            file_, key = origin_of(inv.head, "pd_proxy_bind")
+            out.append(Problem(file_, key, v0["pd_proxy_bind"],
+                               "vllm-router checks no client key (and passes none on): on an address other than this "
+                               "host's loopback anyone who reaches it is served; put a gateway with a key in front, or "
+                               "set pd_proxy_unauthenticated_ok: true if the network is closed"))
         if not v0["pd_proxy_image"]:
             file_, key = origin_of(inv.head, "pd_proxy_image")
             out.append(Problem(file_, key, "", "required: the proxy image (vllm-router) pinned by digest, "
@@ -197,8 +216,8 @@ class Pd:
         proxy = self._proxy(inv, facts, instances, dep)
         return LaunchPlan(deployment=dep, layout=self.name,
                           stages=(Stage(tuple(instances), wait="ready"), Stage((proxy,), wait="ready")),
-                          endpoint=Endpoint(proxy.name, proxy.host, proxy.spec.bind, proxy.spec.ports[0],
-                                            instances[0].spec.secrets[0].host_file, head.vars["model_repo"]),
+                          endpoint=Endpoint(proxy.name, proxy.host, proxy.spec.bind, proxy.spec.ports[0], "",
+                                            head.vars["model_repo"]),
                           verifiers=("pd_path", "nixl"))
 
     def _instance(self, inv: Inventory, h: Host, f: HostFacts, pool: str, k: int, number: int, dep: str) -> Service:
@@ -220,13 +239,12 @@ class Pd:
         env.update({"UCX_TLS": v["pd_ucx_tls"], "UCX_NET_DEVICES": devices, "UCX_LOG_LEVEL": "info",
                     "VLLM_NIXL_SIDE_CHANNEL_HOST": rail.ip, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)})
         env.update(dict(cfg.extra_env))
-        key = on_host(cfg.api_key_file, f.home)
         model_host = on_host(v["model_path"], f.home)
         spec = ContainerSpec(
             name=f"{dep}-{name}", image=cfg.image, command=command, env=tuple(env.items()), setup=(NCCL_SO_SETUP,),
             gpus=GpuRequest(len(mine), tuple(g.uuid for g in mine), v["cluster_gpu_name"]),
             rdma=RdmaRequest(tuple(r.hca for r in h.rails.values())), mounts=(Mount(model_host, "/model", True, "model"),),
-            secrets=(Secret("VLLM_API_KEY", key, API_KEY_TARGET, shared=True),), ports=(port,), bind=rail.ip,
+            ports=(port,), bind=rail.ip,
             shm_size=cfg.shm_size, cpuset=cpuset, ulimits=(("stack", "67108864"),),
             labels=(("railyard.layout", self.name), ("railyard.pool", pool), ("railyard.service", name)))
         ready = [Gate("log", pattern=READY_LINE), Gate("http", path="/health")]
@@ -256,8 +274,8 @@ class Pd:
         command += ["--policy", v["pd_proxy_policy"], "--host", v["pd_proxy_bind"], "--port", str(v["pd_proxy_port"]),
                     "--request-timeout-secs", str(v["pd_proxy_request_timeout_s"]),
                     "--retry-max-retries", str(v["pd_proxy_retries"]),
-                    "--health-check-interval-secs", str(v["pd_proxy_health_interval_s"])]
-        # the proxy holds no key: clients send it and the proxy passes it on to the instances
+                    "--health-check-interval-secs", str(v["pd_proxy_health_interval_s"]),
+                    "--health-failure-threshold", str(v["pd_proxy_health_failures"])]
         spec = ContainerSpec(
             name=f"{dep}-proxy", image=v["pd_proxy_image"], command=tuple(command), ports=(int(v["pd_proxy_port"]),),
             bind=v["pd_proxy_bind"], host_ipc=False, labels=(("railyard.layout", self.name), ("railyard.service", "proxy")))

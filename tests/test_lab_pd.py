@@ -1,0 +1,148 @@
+"""serve_layout pd on three hgx8 lab hosts, the way a user runs it: two prefill instances (DP4 +
+EP, 4 GPUs each) on A and on B, one decode instance (DP8 + EP) on C, the real vllm-router on A.
+Launch with the P->D proof as its last gate, health with a timed request, verify-rdma's NIXL
+judge, the proof refusing a short prompt, a KV dtype mismatch forced at run time, a side channel
+left at localhost, and a killed prefill instance that the proxy routes around."""
+
+import json
+import shutil
+import time
+
+import pytest
+import yaml
+
+from railyard.inventory import load_inventory
+from railyard.lab.checkpoint import write_checkpoint
+from railyard.ops import pd as P
+from railyard.runner import Runner
+
+from .conftest import home, inv_cmd, on, pd_inventory
+
+pytestmark = pytest.mark.lab
+DEP = "vllm-pd"
+INSTANCES = [f"{DEP}-prefill-{i}" for i in range(4)] + [f"{DEP}-decode-0", f"{DEP}-proxy"]
+
+
+def inv(path, *args, timeout=300):
+    return inv_cmd(*args, "-i", str(path), timeout=timeout)
+
+
+def proxy_back():
+    """Until the proxy's /health answers 200 (every instance healthy in the router's eyes)."""
+    r = on("A", "for i in $(seq 1 120); do curl -sf 127.0.0.1:8192/health >/dev/null && echo ok && break; sleep 0.5; done")
+    assert r.stdout.strip() == "ok"
+
+
+def remove_all():
+    for h in ("A", "B", "C"):
+        on(h, "docker rm -f " + " ".join(INSTANCES) + " >/dev/null 2>&1; true")
+
+
+@pytest.fixture(scope="module")
+def pd(lab_inventory):
+    from railyard import lab
+    from railyard.lab import faults
+    faults.heal()
+    path = lab.up(3, log=lambda *_: None, shape="hgx8")
+    for h in ("A", "B", "C"):
+        write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+    p = pd_inventory(path, path.parent / "pd.yml")  # beside it: its key and known_hosts are relative
+    remove_all()
+    assert inv(p, "env").returncode == 0
+    r = inv(p, "launch")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr
+    assert "P->D path: a 64-word prompt through the proxy" in r.stdout and "over NIXL" in r.stdout
+    yield p
+    remove_all()
+    for h in ("A", "B", "C"):
+        shutil.rmtree(home(h) / "models", ignore_errors=True)
+    faults.heal()
+    lab.up(2, log=lambda *_: None)  # the shape every other lab test expects
+    faults.heal()
+
+
+def test_health_times_a_request_through_both_pools_and_verify_rdma_sees_rdma(pd):
+    r = inv(pd, "health", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0, [c for c in doc["checks"] if c["status"] != "pass"]
+    req = doc["data"]["metrics"]["request"]
+    assert req["ttft_s"] > 0 and req["tpot_ms"] > 0 and req["decode"] == ["decode-0"] and len(req["prefill"]) == 1
+    kv = doc["data"]["metrics"]["instances"]
+    assert len(kv["decode-0"]["kv_per_rank"]) == 8 and len(kv["prefill-3"]["kv_per_rank"]) == 4
+    v = inv(pd, "verify-rdma", "--json")
+    doc = json.loads(v.stdout)
+    assert v.returncode == 0, doc["checks"]
+    checks = {(c["host"], c["check"]): c for c in doc["checks"]}
+    assert checks[("C", "nixl")]["status"] == "pass" and "mlx5_0:1" in checks[("C", "nixl")]["detail"]
+    assert {c["host"] for c in doc["checks"]} == {"A", "B", "C"}
+    again = inv(pd, "launch")
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def test_a_short_prompt_is_not_taken_as_proof(pd):
+    inventory = load_inventory(pd)
+    from railyard.launch import build_plan
+    with Runner(inventory.hosts) as runner:
+        plan = build_plan(inventory, runner)
+        short = P.prove(plan, runner, 8)
+        long_ = P.prove(plan, runner, 40)
+    assert long_.ok, long_.detail
+    assert not short.ok and "without a NIXL transfer" in short.detail and "fills no 16-token block" in short.detail
+
+
+def test_a_dtype_mismatch_is_refused_statically_and_at_run_time_names_the_hash(pd):
+    data = yaml.safe_load(pd.read_text())
+    data["all"]["children"]["decode"]["vars"] = {"vllm_kv_cache_dtype": "auto"}
+    bad = pd.parent / "pd-bad.yml"
+    bad.write_text(yaml.safe_dump(data))
+    r = inv(bad, "launch")
+    assert r.returncode == 2 and "the KV cache dtype differs from prefill host A ('fp8')" in r.stderr
+    # forced past the check: the decode instance started by hand with another KV cache dtype
+    try:
+        inventory = load_inventory(pd)
+        from dataclasses import replace
+
+        from railyard.launch import build_plan
+        from railyard.render.docker import run_line
+        with Runner(inventory.hosts) as runner:
+            plan = build_plan(inventory, runner)
+            svc = plan.service("decode-0")
+            cmd = tuple("auto" if a == "fp8" else a for a in svc.spec.command)
+            on("C", f"docker rm -f {DEP}-decode-0 >/dev/null")
+            assert on("C", run_line(plan, replace(svc, spec=replace(svc.spec, command=cmd)))).returncode == 0
+            on("C", f"for i in $(seq 1 240); do curl -sf http://{svc.spec.bind}:{svc.spec.ports[0]}/health >/dev/null "
+                    "&& break; sleep 0.25; done")
+            proxy_back()  # the router readmits it after its health checks pass again
+            proof = P.prove(plan, runner, 64)
+        assert not proof.ok and "NIXL compatibility hash mismatch" in proof.detail, proof.detail
+        assert "make the pools' settings equal" in proof.fix
+    finally:
+        assert inv(pd, "launch", "--recreate").returncode == 0
+
+
+def test_a_side_channel_on_localhost_fails_the_gate_with_its_fix(pd):
+    r = inv(pd, "launch", "--recreate", "--set", "vllm_extra_env={VLLM_USE_V2_MODEL_RUNNER: '1', "
+                                                 "VLLM_NIXL_SIDE_CHANNEL_HOST: localhost}", timeout=400)
+    try:
+        assert r.returncode == 1 and "the P->D path is not proven" in r.stdout + r.stderr, r.stdout[-3000:]
+        assert "VLLM_NIXL_SIDE_CHANNEL_HOST must be that host's rail address" in r.stdout + r.stderr
+    finally:
+        assert inv(pd, "launch", "--recreate").returncode == 0
+
+
+def test_a_killed_prefill_instance_is_routed_around_and_named_by_health(pd):
+    on("B", f"docker kill {DEP}-prefill-3")
+    inventory = load_inventory(pd)
+    from railyard.launch import build_plan
+    with Runner(inventory.hosts) as runner:
+        plan = build_plan(inventory, runner, strict=False)
+        # the router's health check (every pd_proxy_health_interval_s, 2 s in the lab) takes it out
+        time.sleep(5)
+        proofs = [P.prove(plan, runner, 40) for _ in range(4)]
+    assert all(p.ok for p in proofs), [p.detail for p in proofs]
+    assert all("prefill-3" not in p.prefill for p in proofs)
+    h = inv(pd, "health", "--json")
+    doc = json.loads(h.stdout)
+    assert h.returncode == 1
+    dead = [c for c in doc["checks"] if c["status"] == "fail" and c["host"] == "B"]
+    assert any("prefill-3" in c["detail"] for c in dead), dead
