@@ -284,11 +284,9 @@ def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, jso
         results = judge_files(list(logs))
         report = rdma_report(results, host_of=lambda source: NO_HOST)  # files on this machine: no host
     else:
-        inv = _inventory(inventory, overrides)
-        from .serving import layouts
-        if layouts.get(inv).name == "pd":
-            return _verify_nixl(inv, json_out)
-        plan, results = run(inv)
+        plan, results = run(_inventory(inventory, overrides))
+        if "nixl" in plan.verifiers:  # pd: KV blocks over NIXL, no NCCL across the rails
+            return _nixl_verdicts(results, json_out)
         if not results:  # a one-host layout: no rail carries NCCL traffic
             msg = f"SKIP: layout {plan.layout} runs on one host; NCCL stays inside it, no rail to verify"
             report = rdma_report([], skipped=msg, skip_host=plan.hosts()[0], layout=plan.layout)
@@ -307,11 +305,9 @@ def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, jso
     return report.exit_code
 
 
-def _verify_nixl(inv, json_out: bool) -> int:
+def _nixl_verdicts(verdicts: list, json_out: bool) -> int:
     from rich.table import Table
     from .report import nixl_report
-    from .verify import verify_nixl
-    _, verdicts = verify_nixl(inv)
     report = nixl_report(verdicts)
     if json_out:
         return report.print_json()

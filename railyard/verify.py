@@ -130,6 +130,8 @@ def verify_rdma(inv: Inventory) -> tuple[LaunchPlan, list[RankVerdict]]:
     """Every service of a layout whose NCCL traffic crosses the rails; none for a one-host layout."""
     with Runner(layouts.get(inv).hosts(inv)) as runner:
         plan = build_plan(inv, runner, strict=False)
+        if "nixl" in plan.verifiers:
+            return plan, _verify_nixl(inv, runner, plan)
         if "rdma" not in plan.verifiers:
             return plan, []
         got = runner.each(lambda s: [v for svc in plan.on_host(s.host.name) for v in verify_rank(s, svc)])
@@ -156,23 +158,21 @@ def _nixl_instance(s: Session, svc: Service, hcas: list[str]):
     return judge(src, log, hcas, values.get("UCX_NET_DEVICES"))
 
 
-def verify_nixl(inv: Inventory) -> tuple[LaunchPlan, list]:
+def _verify_nixl(inv: Inventory, runner: Runner, plan: LaunchPlan) -> list:
     """The pd layout: requests through the proxy (two per prefill DP rank, so that round robin
     reaches each), then every instance's UCX endpoints (railyard.nixl.judge): KV over RDMA on the rails."""
-    from .ops.pd import exercise
-    with Runner(layouts.get(inv).hosts(inv)) as runner:
-        plan = build_plan(inv, runner, strict=False)
-        instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
-        exercise(plan, runner, int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
-        got = runner.each(lambda s: [_nixl_instance(s, x, [r.hca for r in inv.host(x.host).rails.values()])
-                                     for x in instances if x.host == s.host.name],
-                          [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])
     from .nixl import NixlVerdict
+    from .ops.pd import exercise
+    instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
+    exercise(plan, runner, int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
+    got = runner.each(lambda s: [_nixl_instance(s, x, [r.hca for r in inv.host(x.host).rails.values()])
+                                 for x in instances if x.host == s.host.name],
+                      [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])
     out = []
     for h in dict.fromkeys(x.host for x in instances):
         res = got[h]
         out += res if isinstance(res, list) else [NixlVerdict(h, "fail", None, [], [str(res.error)])]
-    return plan, out
+    return out
 
 
 # ---------------------------------------------------------------- health

@@ -298,7 +298,7 @@ def test_status_task_a_failed_check_exits_1_with_one_document(capsys, monkeypatc
 def test_health_and_verify_tasks(capsys, monkeypatch, no_inventory):
     from railyard import verify
     plan = type("P", (), {"endpoint": type("E", (), {"host": "A", "service": "rank0"})(), "layout": "multinode_tp",
-                          "hosts": lambda self: ["A", "B"]})()
+                          "verifiers": ("rdma",), "hosts": lambda self: ["A", "B"]})()
     monkeypatch.setattr(verify, "health", lambda inv, proof=0: (plan, *health_data(dead="B")))
     code, out, _ = run_task(capsys, cli.health, None, True)
     assert code == 1 and json.loads(out)["ok"] is False

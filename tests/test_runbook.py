@@ -14,13 +14,14 @@ from railyard import lab
 from railyard.lab import faults
 from railyard.lab.checkpoint import write_checkpoint
 
-from .conftest import ROOT, home, inv_cmd, on, remove_containers
+from .conftest import ROOT, home, inv_cmd, on, pd_inventory, remove_containers
 
 pytestmark = pytest.mark.lab
 RUNBOOK = ROOT / "docs" / "runbook.md"
 NAME = "glm53-full"
 ONE_HOST = ("vllm-tp8", "vllm-dp-ep", "vllm-replicas-router", "vllm-replicas-r0", "vllm-replicas-r1",
-            "vllm-replicas-lmcache")  # the one-host layouts' containers
+            "vllm-replicas-lmcache", "vllm-pd-proxy", "vllm-pd-decode-0") + tuple(
+    f"vllm-pd-prefill-{i}" for i in range(4))  # the 8-GPU layouts' containers
 
 
 def scenarios():
@@ -58,27 +59,32 @@ def test_every_runbook_command_block_is_covered():
 def runbook_lab(lab_inventory):
     yield lab_inventory
     faults.heal()
-    remove_containers(NAME, *ONE_HOST)
-    for h in ("A", "B"):
+    remove_containers(NAME, *ONE_HOST, hosts=sorted(p.name for p in (lab.lab_dir() / "hosts").iterdir()))
+    for h in ("A", "B", "C"):
         shutil.rmtree(home(h) / "models", ignore_errors=True)
     shutil.rmtree("/tmp/railyard-submission", ignore_errors=True)
     lab.up(2, log=lambda *_: None)  # the station shape the other lab tests expect
 
 
-def _shape(name: str) -> None:
-    """The lab in this shape (a rebuild of about a second when it changes; nothing when it does not)."""
-    if json.loads((lab.lab_dir() / "lab.json").read_text()).get("shape", "station") != name:
-        lab.up(2, log=lambda *_: None, shape=name)
+def _shape(name: str, hosts: int = 2) -> None:
+    """The lab in this shape and size (a rebuild of about a second when it changes; nothing otherwise)."""
+    have = json.loads((lab.lab_dir() / "lab.json").read_text()).get("shape", "station")
+    if have != name or len(list((lab.lab_dir() / "hosts").iterdir())) != hosts:
+        lab.up(hosts, log=lambda *_: None, shape=name)
 
 
 def _fresh(inv_path):
     faults.heal()
-    remove_containers(NAME, *ONE_HOST)
-    for h in ("A", "B"):
+    remove_containers(NAME, *ONE_HOST, hosts=sorted(p.name for p in (lab.lab_dir() / "hosts").iterdir()))
+    hosts = sorted(p.name for p in (lab.lab_dir() / "hosts").iterdir())
+    for h in hosts:
         shutil.rmtree(home(h) / "models", ignore_errors=True)
         shutil.rmtree(home(h) / ".cache" / "railyard" / "lock", ignore_errors=True)
         (home(h) / "glm53.env").unlink(missing_ok=True)
     write_checkpoint(home("A") / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+    if len(hosts) > 2:  # the pd pools serve from every host's own copy
+        for h in hosts[1:]:
+            write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
 
 
 def _run(cmds, inv_path, extra=(), usage_error=False):
@@ -98,9 +104,15 @@ def _layout(d) -> list[str]:
     return ["--set", f"serve_layout={d['layout']}"] if "layout" in d else []
 
 
+def _inventory(d, inv_path):
+    """inventory=pd: the 3-host lab as prefill (A, B) and decode (C) pools, beside the lab's own."""
+    return pd_inventory(inv_path, inv_path.parent / "pd.yml") if d.get("inventory") == "pd" else inv_path
+
+
 def _setup(d, inv_path):
-    _shape(d.get("shape", "station"))
+    _shape(d.get("shape", "station"), int(d.get("hosts", 2)))
     _fresh(inv_path)
+    inv_path = _inventory(d, inv_path)
     state = d.get("state", "fresh")
     one_host = d.get("shape") == "hgx8"  # the checkpoint is where it serves: nothing to copy
     layout = _layout(d)
@@ -156,21 +168,22 @@ def _setup(d, inv_path):
         pid = on(host, f"docker inspect --format '{{{{.State.Pid}}}}' {container or NAME}").stdout.strip()
         subprocess.run(["kill", "-9", pid], check=True)
         time.sleep(2)
+    return inv_path
 
 
 @pytest.mark.parametrize("title,commands,directives", scenarios(), ids=[s[0] for s in scenarios()])
 def test_runbook_section(runbook_lab, title, commands, directives):
     try:
-        _setup(directives, runbook_lab)
+        path = _setup(directives, runbook_lab)
         if title.startswith("The copies of the checkpoint differ"):
-            code, out = _run(commands[:1], runbook_lab)
+            code, out = _run(commands[:1], path)
             assert code == 1 and directives["expect"] in out
-            code, out = _run(commands[1:], runbook_lab)
+            code, out = _run(commands[1:], path)
             assert code == 0 and "OK: copies equal" in out
             return
         extra = ["--set", directives["set"]] if "set" in directives and directives.get("state") != "running" else []
         extra += _layout(directives)
-        code, out = _run(commands, runbook_lab, extra, usage_error=directives.get("exit") == "2")
+        code, out = _run(commands, path, extra, usage_error=directives.get("exit") == "2")
         if "expect" in directives:
             assert directives["expect"] in out, out[-3000:]
         if title == "Normal bring-up, in order" or directives.get("exit") == "0":
