@@ -2,7 +2,7 @@
 pools (the connection details travel in each request's kv_transfer_params), so the launch's last
 gate is one real request through the proxy, with a prompt longer than one KV block (vLLM's 16
 tokens; a shorter prompt moves no block), that returns text and whose id a prefill log and the
-decode log both show, the decode side with a completed transfer. A failure is named by what the
+decode log both show, the decode side with one more NIXL transfer. A failure is named by what the
 logs say, with its fix.
 """
 
@@ -13,9 +13,9 @@ import secrets
 from dataclasses import dataclass, field
 
 from ..runner import Runner
-from ..serving.spec import LaunchPlan, Service
+from ..serving.spec import Endpoint, LaunchPlan, Service
 from ..transport import Session, cmd
-from .http import request
+from .http import parse_metrics, request
 
 # What vLLM logs (with --enable-log-requests) and exports. vllm-router makes the request id
 # (`___prefill_addr_<P>___decode_addr_<D>_<hex>`, the same on both sides) and ignores the client's,
@@ -78,8 +78,6 @@ def _each_instance(runner: Runner, instances: list[Service], fn) -> dict:
 
 
 def xfer_count(s: Session, svc: Service) -> float | None:
-    from ..serving.spec import Endpoint
-    from .http import parse_metrics
     code, _, text, _ = request(s, Endpoint(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0]), "/metrics",
                                timeout=10)
     return parse_metrics(text).get(XFERS, 0.0) if code == 200 else None
