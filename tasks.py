@@ -236,3 +236,13 @@ def plan(c, inventory=None, model=None, gpu_memory_gib=None, gpus=None, context=
 ns.add_task(plan)
 ns.add_task(recover)
 ns.add_task(render)
+
+
+@task(help={"inventory": INVENTORY, "out": "the archive to write (default: railyard-collect-<deployment>-<stamp>.tar.gz)",
+            "no-preflight": "leave preflight's checks out (faster)", "set": SET}, iterable=["set_"])
+def collect(c, inventory=None, out=None, no_preflight=False, set_=None):
+    """One .tar.gz for the on-call ticket: every host's state, logs, NCCL logs and verdicts, no secret."""
+    cli.collect(inventory, out, not no_preflight, set_)
+
+
+ns.add_task(collect)

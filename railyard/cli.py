@@ -583,3 +583,34 @@ def recover(inventory: str | None = None, replica: str | None = None, dry_run: b
     elif not dry_run and rec.path != "none":
         con.print(Text(f"OK: {', '.join(rec.replicas)} recovered", style="bold green"))
     return 0 if rec.ok else 1
+
+
+@entry
+def collect(inventory: str | None = None, out: str | None = None, preflight: bool = True, overrides=None) -> int:
+    import time as _time
+    from pathlib import Path as _Path
+
+    from .collect import collect as run
+    from .launch import build_plan
+    from .preflight import run_preflight
+    from .report import preflight_report
+    from .runner import Runner
+    from .serving import layouts
+    inv = _inventory(inventory, overrides)
+    con = console(stderr=True)
+    try:  # the plan names the services whose containers, logs and env files are collected
+        with Runner(layouts.get(inv).hosts(inv)) as runner:
+            plan = build_plan(inv, runner, strict=False)
+    except RailyardError as e:
+        con.print(f"collect: no plan ({e}); collecting the hosts only", style="yellow")
+        plan = None
+    doc = preflight_report(run_preflight(inv)).json() if preflight else None
+    path = _Path(out or f"railyard-collect-{plan.deployment if plan else 'hosts'}-"
+                        f"{_time.strftime('%Y%m%d-%H%M%S')}.tar.gz")
+    manifest = run(inv, plan, path, doc)
+    failed = {h: v["error"] for h, v in manifest["hosts"].items() if "error" in v}
+    size = path.stat().st_size
+    console().print(f"wrote {path} ({size / 1024:.0f} KiB, {len(manifest['files'])} files from "
+                    f"{len(manifest['hosts']) - len(failed)} of {len(manifest['hosts'])} hosts in "
+                    f"{manifest['seconds']:g} s)" + "".join(f"\n  {h}: {e}" for h, e in failed.items()))
+    return 1 if failed else 0
