@@ -3,6 +3,7 @@ real LMCache client: registration, shared-prefix hits between replicas, the memo
 crashed replica's GPUs, and LiteLLM routing to a replica."""
 
 import json
+import os
 import random
 import re
 import shlex
@@ -14,7 +15,7 @@ from railyard import facts as F
 from railyard import lab
 from railyard.lab.checkpoint import write_checkpoint
 
-from .conftest import home, on, remove_containers
+from .conftest import home, on, remove_containers, wait_for
 
 pytestmark = pytest.mark.lab
 IMAGE = lab.LAB_IMAGE_NAME
@@ -36,16 +37,6 @@ def uuids():
 def apps():
     return F.parse_compute_apps(on("A", "nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory "
                                         "--format=csv,noheader,nounits").stdout)
-
-
-def wait_for(check, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def logs(name):
@@ -187,3 +178,12 @@ def test_litellm_proxy_routes_to_a_replica(lmc):
     assert re.search(r"^x-litellm-model-id: lr\r?$", out, re.M | re.I), out
     assert "The two stations answer over the rail." in out
     assert key not in on("A", "docker", "inspect", "llm").stdout
+
+
+def test_lab_up_sweeps_the_kv_segments_of_lmcache_clients_that_are_gone(tmp_path):
+    from railyard.lab import _sweep_shm
+    dead = 4194304 + 7  # above Linux's pid_max: never a live process
+    for name in (f"lmcache_kv_{dead}_0", f"lmcache_kv_{dead}_1", f"lmcache_kv_{os.getpid()}_0", "faketime_shm_1"):
+        (tmp_path / name).write_bytes(b"\0" * 16)
+    _sweep_shm(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["faketime_shm_1", f"lmcache_kv_{os.getpid()}_0"]

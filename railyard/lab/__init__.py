@@ -22,6 +22,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -423,6 +424,7 @@ def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAP
 
     from . import components
     components.ensure_all(log)  # the real LMCache, LiteLLM and vllm-router (minutes the first time, then instant)
+    _sweep_shm()
     _ensure_keys(root, hosts)
     _install_sims(root, hosts, gpu)
     _ensure_bridges(shape)
@@ -434,6 +436,26 @@ def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAP
     _wait_sshd(hosts, procs)
     inv = _write_inventory(root, hosts, gpu)
     return inv
+
+
+_SHM_OF_PID = re.compile(r"^lmcache_kv_(\d+)_\d+$")  # LMCache's CPU KV segments: /lmcache_kv_<pid>_<n>
+
+
+def _sweep_shm(shm: Path = Path("/dev/shm")) -> None:
+    """Unlink the KV segments of LMCache clients that are gone. On a CPU LMCache backs a replica's
+    KV cache with POSIX shared memory (on GPUs: CUDA IPC, nothing to leak); a replica that was
+    killed never unlinks its segments, and they would fill /dev/shm run after run."""
+    try:
+        names = os.listdir(shm)
+    except OSError:
+        return
+    for name in names:
+        m = _SHM_OF_PID.match(name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            try:
+                os.unlink(shm / name)
+            except OSError:
+                pass
 
 
 def down(path: str | None = None, log=print) -> None:
@@ -470,6 +492,7 @@ def down(path: str | None = None, log=print) -> None:
         if _link_exists(br):
             sh("ip", "link", "del", br, check=False)
     shutil.rmtree(root, ignore_errors=True)
+    _sweep_shm()
     log(f"lab: removed {len(hosts)} hosts and {root}")
 
 
