@@ -30,6 +30,7 @@ from .probe import Section, joined_script, new_token, split_output
 from .runner import Runner
 from .serving.spec import LaunchPlan, Service
 from .transport import Session, Sh, cmd, q
+from .verify import nccl_log_glob
 
 MAX_SECTION = 2 << 20     # 2 MiB of text per section (the tail)
 MAX_TOTAL = 64 << 20      # 64 MiB in the archive
@@ -78,8 +79,7 @@ def host_sections(host, services: list[Service]) -> list[Section]:
         out.append(Section(f"{svc.name}.inspect", cmd("docker", "inspect", name), "docker", 30))
         out.append(Section(f"{svc.name}.log", cmd("docker", "logs", "--tail", str(LOG_LINES), name) + " 2>&1",
                            "docker", 60))
-        nccl = re.sub(r"%[hp]", "*", str(dict(svc.spec.env).get("NCCL_DEBUG_FILE", "/tmp/nccl_%h_%p.log")))
-        script = f'for f in {nccl}; do [ -e "$f" ] || continue; printf "@@file %s\\n" "$f"; tail -n 3000 "$f"; done'
+        script = f'for f in {nccl_log_glob(svc)}; do [ -e "$f" ] || continue; printf "@@file %s\\n" "$f"; tail -n 3000 "$f"; done'
         out.append(Section(f"{svc.name}.nccl", cmd("docker", "exec", name, "sh", "-c", script), "docker", 60))
         if svc.env_path:  # `~/` is the host's home
             path = svc.env_path

@@ -14,7 +14,7 @@ import secrets
 
 from .ops.containers import log_tail
 from .ops.http import parse_metrics, request
-from .ops.pd import find_request, proof_prompt
+from .ops.pd import each_service, find_request, proof_prompt
 from .runner import Runner
 from .serving.spec import Endpoint, LaunchPlan, Service
 from .serving.vllm import parse_kv_cache
@@ -27,10 +27,6 @@ HISTOGRAMS = {"ttft_mean_s": "vllm:time_to_first_token_seconds",
               "kv_transfer_mean_s": "vllm:nixl_xfer_time_seconds"}
 
 
-def _endpoint(svc: Service) -> Endpoint:
-    return Endpoint(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0])
-
-
 def _mean(m: dict, names) -> float | None:
     for n in (names if isinstance(names, tuple) else (names,)):
         count = m.get(n + "_count")
@@ -40,7 +36,7 @@ def _mean(m: dict, names) -> float | None:
 
 
 def _instance(s: Session, svc: Service) -> tuple[list[Probe], dict]:
-    ep = _endpoint(svc)
+    ep = Endpoint.of(svc)
     code, ms, text, _ = request(s, ep, "/health", timeout=10)
     kv = parse_kv_cache(log_tail(s, svc.spec.name, None))
     want = int(svc.expects("kv_engines", "1"))
@@ -83,18 +79,15 @@ def api_probes(words: int):
         instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
         probes: list[Probe] = []
         data: dict = {"instances": {}}
-        got = runner.each(lambda s: [(x.name, _instance(s, x)) for x in instances if x.host == s.host.name],
-                          [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])
-        for host, res in got.items():
-            if not isinstance(res, list):
-                probes.append(Probe(f"{host} instances", False, str(res.error)))
-                continue
-            for name, (more, d) in res:
-                probes += more
-                data["instances"][name] = d
+        got, unreachable = each_service(runner, instances, _instance)
+        for host, why in unreachable.items():
+            probes.append(Probe(f"{host} instances", False, why))
+        for name, (more, d) in got.items():
+            probes += more
+            data["instances"][name] = d
         proxy = plan.service(plan.endpoint.service)
         ep = plan.endpoint
-        code, ms, text, _ = request(runner.session(ep.host), Endpoint(ep.service, ep.host, ep.bind, ep.port),
+        code, ms, text, _ = request(runner.session(ep.host), ep,
                                     "/health", timeout=10)
         probes.append(Probe(f"{proxy.name} /health", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}",
                             ms))

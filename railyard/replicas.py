@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 import secrets
+from dataclasses import replace
 
 from .ops.containers import log_tail
 from .ops.http import parse_metrics, request
-from .ops.replicas import replica_endpoint
 from .runner import Runner
 from .serving.lmcache import HEALTH_PATH, REGISTERED_LINE, STATUS_PATH, parse_status
 from .serving.litellm import READY_PATH, parse_health
@@ -34,12 +34,8 @@ WORDS = ("river", "signal", "copper", "lantern", "orbit", "meadow", "harbor", "e
          "falcon", "marble", "tundra", "violet", "summit")
 
 
-def _lmcache_endpoint(svc: Service) -> Endpoint:
-    return Endpoint(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0])
-
-
 def _replica_probes(s: Session, plan: LaunchPlan, svc: Service) -> tuple[list[Probe], dict]:
-    code, ms, text, _ = request(s, replica_endpoint(svc, plan.endpoint.model), "/health", timeout=10)
+    code, ms, text, _ = request(s, Endpoint.of(svc, plan.endpoint.model), "/health", timeout=10)
     log = log_tail(s, svc.spec.name, None)
     kv = parse_kv_cache(log)
     registered = REGISTERED_LINE in log
@@ -53,7 +49,7 @@ def _replica_probes(s: Session, plan: LaunchPlan, svc: Service) -> tuple[list[Pr
 
 def _lmcache_probes(s: Session, plan: LaunchPlan, live: list[Service]) -> tuple[list[Probe], dict]:
     svc = plan.service("lmcache")
-    ep = _lmcache_endpoint(svc)
+    ep = Endpoint.of(svc)
     code, ms, text, _ = request(s, ep, HEALTH_PATH, timeout=10)
     out = [Probe("lmcache /healthcheck", code == 200 and '"healthy"' in text,
                  f"HTTP {code}: {text.strip()[:120]}" if code else f"no answer: {text[:120]}", ms)]
@@ -79,7 +75,7 @@ def _lmcache_probes(s: Session, plan: LaunchPlan, live: list[Service]) -> tuple[
 def _router_probes(s: Session, plan: LaunchPlan, live: list[Service]) -> tuple[list[Probe], dict]:
     ep = plan.endpoint
     out = []
-    code, ms, text, _ = request(s, Endpoint(ep.service, ep.host, ep.bind, ep.port), READY_PATH, timeout=10)
+    code, ms, text, _ = request(s, replace(ep, api_key_file=""), READY_PATH, timeout=10)
     out.append(Probe("router /health/readiness", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms))
     code, ms, text, _ = request(s, ep, "/health", timeout=120)
     data: dict = {}
@@ -160,7 +156,7 @@ def cache_proof(runner: Runner, plan: LaunchPlan, tokens: int) -> tuple[Probe, d
     out: dict = {"prompt_words": tokens}
     before = _retrieved(s, lmc)
     for svc in (first, second):
-        code, ms, text, _ = request(s, replica_endpoint(svc, plan.endpoint.model), "/v1/chat/completions", body,
+        code, ms, text, _ = request(s, Endpoint.of(svc, plan.endpoint.model), "/v1/chat/completions", body,
                                     timeout=1800)
         if code != 200:
             return Probe("cache proof", False, f"{svc.name} answered HTTP {code}: {text.strip()[:160]}"), out
@@ -170,7 +166,7 @@ def cache_proof(runner: Runner, plan: LaunchPlan, tokens: int) -> tuple[Probe, d
     after = _retrieved(s, lmc)
     out["retrieved_tokens"] = after - mid
     out["retrieved_tokens_first"] = mid - before
-    m = parse_metrics(request(s, replica_endpoint(second, plan.endpoint.model), "/metrics", timeout=10)[2])
+    m = parse_metrics(request(s, Endpoint.of(second, plan.endpoint.model), "/metrics", timeout=10)[2])
     hits = m.get("vllm:external_prefix_cache_hits_total")
     out["external_prefix_cache_hits"] = hits
     t0, t1 = out[f"{first.name}_ms"], out[f"{second.name}_ms"]

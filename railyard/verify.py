@@ -26,7 +26,9 @@ from .inventory import Inventory
 from .launch import build_plan
 from .nccl import RankVerdict, judge
 from .ops.containers import inspect, log_tail, uptime
+from .nixl import NixlVerdict, judge as judge_ucx
 from .ops.http import parse_metrics, request
+from .ops.pd import each_service, exercise
 from .ops.launch import describe
 from .runner import Runner
 from .serving import layouts
@@ -51,7 +53,8 @@ def judge_files(paths: list[str]) -> list[RankVerdict]:
     return out
 
 
-def _log_glob(svc: Service) -> str:
+def nccl_log_glob(svc: Service) -> str:
+    """The container's NCCL_DEBUG_FILE as a shell glob (%h and %p become *)."""
     return re.sub(r"%[hp]", "*", str(dict(svc.spec.env).get("NCCL_DEBUG_FILE", "/tmp/nccl_%h_%p.log")))
 
 
@@ -71,7 +74,7 @@ def verify_rank(s: Session, svc: Service) -> list[RankVerdict]:
         return [RankVerdict(src, "fail", None, False, [], None, [],
                             [f"container {name} is {c.status if c.exists else 'missing'} on {host} "
                              "(fix: inv launch / inv start)"])]
-    pattern = _log_glob(svc)
+    pattern = nccl_log_glob(svc)
     script = (f'for f in {pattern}; do [ -e "$f" ] || continue; printf "@@file %s\\n" "$f"; cat "$f"; done; '
               'printf "@@memlock %s\\n" "$(ulimit -l)"; '
               'if [ -d /dev/infiniband ]; then printf "@@ib %s\\n" "$(ls /dev/infiniband | tr "\\n" " ")"; fi')
@@ -142,8 +145,7 @@ def verify_rdma(inv: Inventory) -> tuple[LaunchPlan, list[RankVerdict]]:
     return plan, out
 
 
-def _nixl_instance(s: Session, svc: Service, hcas: list[str]):
-    from .nixl import NixlVerdict, judge
+def _nixl_instance(s: Session, svc: Service, hcas: list[str]) -> NixlVerdict:
     src = f"{svc.host}:{svc.spec.name}"
     c = inspect(s, svc.spec.name)
     if not c.exists or not c.running:
@@ -155,24 +157,18 @@ def _nixl_instance(s: Session, svc: Service, hcas: list[str]):
         values = dict(e.split("=", 1) for e in json.loads(env.stdout) if "=" in e) if env.ok else {}
     except ValueError:
         values = {}
-    return judge(src, log, hcas, values.get("UCX_NET_DEVICES"))
+    return judge_ucx(src, log, hcas, values.get("UCX_NET_DEVICES"))
 
 
 def _verify_nixl(inv: Inventory, runner: Runner, plan: LaunchPlan) -> list:
     """The pd layout: requests through the proxy (two per prefill DP rank, so that round robin
     reaches each), then every instance's UCX endpoints (railyard.nixl.judge): KV over RDMA on the rails."""
-    from .nixl import NixlVerdict
-    from .ops.pd import exercise
     instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
     exercise(plan, runner, int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
-    got = runner.each(lambda s: [_nixl_instance(s, x, [r.hca for r in inv.host(x.host).rails.values()])
-                                 for x in instances if x.host == s.host.name],
-                      [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])
-    out = []
-    for h in dict.fromkeys(x.host for x in instances):
-        res = got[h]
-        out += res if isinstance(res, list) else [NixlVerdict(h, "fail", None, [], [str(res.error)])]
-    return out
+    got, unreachable = each_service(runner, instances,
+                                    lambda s, x: _nixl_instance(s, x, [r.hca for r in inv.host(x.host).rails.values()]))
+    return [got[x.name] for x in instances if x.name in got] + [NixlVerdict(h, "fail", None, [], [why])
+                                                                for h, why in unreachable.items()]
 
 
 # ---------------------------------------------------------------- health

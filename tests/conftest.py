@@ -3,10 +3,12 @@ so that a missing prerequisite fails the run instead of skipping the lab tests."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,35 @@ def pd_inventory(lab_path, out):
     }
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
+
+
+def wait_for(check, what, timeout=60.0):
+    """check()'s first true result, polled every 0.3 s; fails naming what it waited for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextlib.contextmanager
+def station_ready(inv_path):
+    """The station lab with the checkpoint on both hosts and the env files written, no container of
+    the two-station layout; afterwards healed, the containers and checkpoints gone."""
+    from railyard.lab import faults
+    from railyard.lab.checkpoint import write_checkpoint
+    faults.heal()
+    remove_containers("glm53-full")
+    for h in ("A", "B"):
+        write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+    r = inv_cmd("env", env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        yield inv_path
+    finally:
+        faults.heal()
+        remove_containers("glm53-full")
+        for h in ("A", "B"):
+            shutil.rmtree(home(h) / "models", ignore_errors=True)

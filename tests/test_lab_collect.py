@@ -3,18 +3,15 @@ state, the services' logs, NCCL logs and the judge's verdicts, preflight's docum
 anywhere in it; a host that cannot be reached is named in the manifest and the rest still lands."""
 
 import json
-import shutil
 import tarfile
 
 import pytest
 
 from railyard.lab import faults
-from railyard.lab.checkpoint import write_checkpoint
 
-from .conftest import home, inv_cmd, remove_containers
+from .conftest import home, inv_cmd, station_ready
 
 pytestmark = pytest.mark.lab
-NAME = "glm53-full"
 
 
 def run(*args, inv, timeout=300):
@@ -29,17 +26,9 @@ def members(path):
 
 @pytest.fixture(scope="module")
 def served(lab_inventory):
-    faults.heal()
-    remove_containers(NAME)
-    for h in ("A", "B"):
-        write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
-    assert run("env", inv=lab_inventory).returncode == 0
-    assert run("launch", inv=lab_inventory).returncode == 0
-    yield lab_inventory
-    faults.heal()
-    remove_containers(NAME)
-    for h in ("A", "B"):
-        shutil.rmtree(home(h) / "models", ignore_errors=True)
+    with station_ready(lab_inventory) as inv:
+        assert run("launch", inv=inv).returncode == 0
+        yield inv
 
 
 def test_the_archive_holds_every_hosts_state_the_logs_and_verdicts_and_no_key(served, tmp_path):

@@ -13,7 +13,7 @@ from railyard import facts as F
 from railyard import lab
 from railyard.lab.checkpoint import write_checkpoint
 
-from .conftest import home, on, remove_containers
+from .conftest import home, on, remove_containers, wait_for
 
 pytestmark = pytest.mark.lab
 IMAGE = lab.LAB_IMAGE_NAME
@@ -33,16 +33,6 @@ def rail(host):
 def uuids(host):
     return [g.uuid for g in F.parse_gpus(on(host, "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
                                                   "--format=csv,noheader,nounits").stdout)]
-
-
-def wait_for(check, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def logs(host, name):

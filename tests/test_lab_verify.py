@@ -1,23 +1,17 @@
 """verify-rdma and health against launched lab containers."""
 
 import json
-import shutil
 import subprocess
 import time
 
 import pytest
 
 from railyard.lab import faults
-from railyard.lab.checkpoint import write_checkpoint
 
-from .conftest import home, inv_cmd, on, remove_containers
+from .conftest import inv_cmd, on, station_ready
 
 pytestmark = pytest.mark.lab
 NAME = "glm53-full"
-
-
-
-
 
 
 def run(*args, inv):
@@ -26,16 +20,8 @@ def run(*args, inv):
 
 @pytest.fixture
 def served(lab_inventory):
-    faults.heal()
-    remove_containers(NAME)
-    for h in ("A", "B"):
-        write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
-    assert run("env", inv=lab_inventory).returncode == 0
-    yield lab_inventory
-    faults.heal()
-    remove_containers(NAME)
-    for h in ("A", "B"):
-        shutil.rmtree(home(h) / "models", ignore_errors=True)
+    with station_ready(lab_inventory) as inv:
+        yield inv
 
 
 def test_a_correct_launch_verifies_and_is_healthy(served):

@@ -26,6 +26,7 @@ from ..serving.spec import Gate, LaunchPlan, Service
 from ..serving.vllm import parse_kv_cache
 from ..transport import RemotePath, Session, cmd, q, read_remote, write_remote
 from .containers import inspect, log_tail, uptime
+from . import pd
 from .envfiles import EnvFile
 
 POLL_S = 0.3
@@ -436,7 +437,6 @@ def final_gates(plan: LaunchPlan, runner: Runner, rep: LaunchReport) -> None:
     """Gates over the whole plan once every service is ready: the pd layout's P->D proof."""
     if rep.failure or "pd_path" not in plan.verifiers:
         return
-    from . import pd
     proxy = plan.service(plan.endpoint.service)
     proof = pd.prove(plan, runner, int(proxy.expects("proof_words", "64")))
     rep.proof = proof.detail

@@ -66,19 +66,23 @@ def grep_log(s: Session, svc: Service, needles: list[str]) -> list[str]:
     return r.stdout.splitlines() if not r.error else []
 
 
-def _each_instance(runner: Runner, instances: list[Service], fn) -> dict:
-    """fn(session, service) for every instance, one session per host, in parallel: {name: result}."""
-    got = runner.each(lambda s: {x.name: fn(s, x) for x in instances if x.host == s.host.name},
-                      [runner.session(h).host for h in dict.fromkeys(x.host for x in instances)])
+def each_service(runner: Runner, services: list[Service], fn) -> tuple[dict, dict]:
+    """fn(session, service) for every service, one session per host, the hosts in parallel:
+    ({service name: result}, {host: why it could not be reached})."""
+    got = runner.each(lambda s: {x.name: fn(s, x) for x in services if x.host == s.host.name},
+                      [runner.session(h).host for h in dict.fromkeys(x.host for x in services)])
     out: dict = {}
-    for res in got.values():
+    errors: dict = {}
+    for host, res in got.items():
         if isinstance(res, dict):
             out.update(res)
-    return out
+        else:
+            errors[host] = str(res.error)
+    return out, errors
 
 
 def xfer_count(s: Session, svc: Service) -> float | None:
-    code, _, text, _ = request(s, Endpoint(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0]), "/metrics",
+    code, _, text, _ = request(s, Endpoint.of(svc), "/metrics",
                                timeout=10)
     return parse_metrics(text).get(XFERS, 0.0) if code == 200 else None
 
@@ -86,7 +90,7 @@ def xfer_count(s: Session, svc: Service) -> float | None:
 def find_request(runner: Runner, plan: LaunchPlan, nonce: str) -> tuple[str, list[str], list[str]]:
     """The request id vLLM logged for the prompt carrying nonce, and the instances of each pool that logged it."""
     instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
-    first = _each_instance(runner, instances, lambda s, x: grep_log(s, x, [nonce]))
+    first = each_service(runner, instances, lambda s, x: grep_log(s, x, [nonce]))[0]
     rid = ""
     for lines in first.values():
         for ln in lines:
@@ -97,7 +101,7 @@ def find_request(runner: Runner, plan: LaunchPlan, nonce: str) -> tuple[str, lis
             break
     if not rid:
         return "", [], []
-    seen = _each_instance(runner, instances, lambda s, x: any(rid in ln for ln in grep_log(s, x, [rid])))
+    seen = each_service(runner, instances, lambda s, x: any(rid in ln for ln in grep_log(s, x, [rid])))[0]
     return rid, [n for n, hit in seen.items() if hit and n.startswith("prefill")], \
         [n for n, hit in seen.items() if hit and n.startswith("decode")]
 
@@ -121,7 +125,7 @@ def prove(plan: LaunchPlan, runner: Runner, words: int) -> Proof:
             "messages": [{"role": "user", "content": proof_prompt(words, nonce)}]}
     instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
     decodes = [x for x in instances if x.role == "decode"]
-    before = _each_instance(runner, decodes, xfer_count)
+    before = each_service(runner, decodes, xfer_count)[0]
     code, ms, text, _ = request(runner.session(plan.endpoint.host), plan.endpoint, "/v1/chat/completions", body,
                                 timeout=600)
     try:
@@ -129,7 +133,7 @@ def prove(plan: LaunchPlan, runner: Runner, words: int) -> Proof:
     except (ValueError, KeyError, IndexError, TypeError):
         answer = ""
     rid, pre, dec = find_request(runner, plan, nonce)
-    after = _each_instance(runner, decodes, xfer_count)
+    after = each_service(runner, decodes, xfer_count)[0]
     moved = [n for n in dec if (after.get(n) or 0) > (before.get(n) or 0)]
     proof = Proof(False, "", rid, ms, pre, dec)
     if code == 200 and answer and pre and moved:
@@ -152,7 +156,7 @@ def prove(plan: LaunchPlan, runner: Runner, words: int) -> Proof:
         elif not moved:
             why.append(f"{', '.join(dec)} served request {rid} without a NIXL transfer ({XFERS} did not grow)"
                        + (f"; a {words}-word prompt fills no 16-token block, so nothing moves" if words <= 16 else ""))
-    logs = _each_instance(runner, instances, lambda s, x: grep_log(s, x, [f for f, _ in KNOWN_FAILURES]))
+    logs = each_service(runner, instances, lambda s, x: grep_log(s, x, [f for f, _ in KNOWN_FAILURES]))[0]
     for pattern, fix in KNOWN_FAILURES:
         hit = next((f"{n}: {ln.strip()[:220]}" for n, ls in logs.items() for ln in ls if pattern in ln), None)
         if hit:

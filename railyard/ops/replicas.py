@@ -148,13 +148,9 @@ def set_drained(s: Session, plan: LaunchPlan, names: list[str]) -> None:
     write_remote(s, f"{router_dir(plan)}/{DRAIN_FILE}", "".join(f"{n}\n" for n in names), mode="644")
 
 
-def replica_endpoint(svc: Service, model: str) -> Endpoint:
-    return Endpoint(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0], "", model)
-
-
 def in_flight(s: Session, svc: Service, model: str) -> float | None:
     """Requests running or waiting on a replica, from its /metrics (None: no answer)."""
-    code, _, text, _ = request(s, replica_endpoint(svc, model), "/metrics", timeout=10)
+    code, _, text, _ = request(s, Endpoint.of(svc, model), "/metrics", timeout=10)
     if code != 200:
         return None
     m = parse_metrics(text)
@@ -191,7 +187,7 @@ def _views(s: Session, plan: LaunchPlan, state: GpuState) -> list[ReplicaView]:
     out = []
     for svc in (x for x in plan.services() if x.role == "replica"):
         c = inspect(s, svc.spec.name)
-        code = request(s, replica_endpoint(svc, plan.endpoint.model), "/health", timeout=5)[0] if c.running else 0
+        code = request(s, Endpoint.of(svc, plan.endpoint.model), "/health", timeout=5)[0] if c.running else 0
         status = c.status if c.exists else "missing"
         if c.exists and not c.running:
             status += f" (exit code {c.exit_code})"

@@ -174,6 +174,11 @@ class Endpoint:
     api_key_file: str = ""  # on that host, absolute ('' when the API takes no key)
     model: str = ""
 
+    @classmethod
+    def of(cls, svc: "Service", model: str = "") -> "Endpoint":
+        """A service's own API (its first port), called from its host without a key."""
+        return cls(svc.name, svc.host, svc.spec.bind, svc.spec.ports[0], "", model)
+
     @property
     def local_address(self) -> str:
         """Where to reach it from its own host (a wildcard bind answers on loopback)."""
@@ -218,6 +223,15 @@ class LaunchPlan:
 
     def group(self, name: str) -> list[Service]:
         return sorted((s for s in self.services() if s.group == name), key=lambda s: s.rank or 0)
+
+
+def is_loopback(addr: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: an address only the host itself reaches."""
+    import ipaddress
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"
 
 
 def _hosts_of(services: list[Service]) -> list[str]:

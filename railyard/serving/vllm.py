@@ -164,6 +164,11 @@ def serve_command(cfg: VllmConfig, group_args: list[Value] = (), headless: bool 
     return tuple(args)
 
 
+def service_env_path(env_file: str, service: str) -> str:
+    """Where a layout with several services keeps one's env file: ~/vllm-x.env -> ~/vllm-x.<service>.env."""
+    return f"{env_file[:-4] if env_file.endswith('.env') else env_file}.{service}.env"
+
+
 def nccl_env(values: dict, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """The reference's NCCL/vLLM environment for one rank, with its rail's facts filled in."""
     return [(k, tpl.format(**values)) for k, tpl in NCCL_ENV if k not in drop]

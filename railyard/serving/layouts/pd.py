@@ -24,15 +24,16 @@ both pools, one line per difference; TP, block counts and speculative token coun
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from dataclasses import dataclass, replace
 
 from ...errors import Problem
 from ...inventory import IMAGE_RE, Host, Inventory, origin_of
 from ..hostfacts import HostFacts, on_host
-from ..spec import ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest, Service, Stage
-from ..vllm import ALL2ALL_BACKENDS, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, serve_command
+from ..spec import ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest, Service, Stage, \
+    is_loopback
+from ..vllm import ALL2ALL_BACKENDS, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, serve_command, \
+    service_env_path
 
 POOLS = ("prefill", "decode")
 ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -41,13 +42,6 @@ PROXY_READY = "/health"
 COMPARED = (("vllm_image", "the image (vLLM and NIXL connector version)"), ("model_repo", "the model"),
             ("model_revision", "the model revision"), ("vllm_kv_cache_dtype", "the KV cache dtype"),
             ("attention_backend", "the attention backend"), ("speculative_method", "the speculative method"))
-
-
-def _loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return addr == "localhost"
 
 
 def pool_of(h: Host) -> str | None:
@@ -137,7 +131,7 @@ class Pd:
             file_, key = origin_of(inv.head, "pd_proxy_host")
             out.append(Problem(file_, key, inv.head.vars["pd_proxy_host"], "no such host in the inventory"))
         v0 = inv.head.vars
-        if not _loopback(v0["pd_proxy_bind"]) and not v0["pd_proxy_unauthenticated_ok"]:
+        if not is_loopback(v0["pd_proxy_bind"]) and not v0["pd_proxy_unauthenticated_ok"]:
             file_, key = origin_of(inv.head, "pd_proxy_bind")
             out.append(Problem(file_, key, v0["pd_proxy_bind"],
                                "vllm-router checks no client key (and passes none on): on an address other than this "
@@ -250,7 +244,6 @@ class Pd:
         ready = [Gate("log", pattern=READY_LINE), Gate("http", path="/health")]
         if cfg.data_parallel_size > 1:
             ready.append(Gate("kv_engines", pattern=KV_LINE, count=cfg.data_parallel_size))
-        env_base = cfg.env_file[:-4] if cfg.env_file.endswith(".env") else cfg.env_file
         env_file = (("LAYOUT", self.name), ("SERVICE", name), ("POOL", pool), ("HOST", h.name), ("DEPLOYMENT", dep),
                     ("GPU_UUIDS", ",".join(g.uuid for g in mine)), ("CPUSET", cpuset),
                     ("TP", cfg.tensor_parallel_size), ("DP", cfg.data_parallel_size),
@@ -259,7 +252,7 @@ class Pd:
                     ("PORT", port), ("API_BIND", rail.ip), ("NIXL_SIDE_CHANNEL", f"{rail.ip}:{side}"),
                     ("UCX_NET_DEVICES", devices), ("UCX_TLS", v["pd_ucx_tls"]))
         return Service(name=name, role=pool, host=h.name, spec=spec, ready=tuple(ready),
-                       env_file=tuple((a, str(b)) for a, b in env_file), env_path=f"{env_base}.{name}.env",
+                       env_file=tuple((a, str(b)) for a, b in env_file), env_path=service_env_path(cfg.env_file, name),
                        expect=(("kv_engines", str(cfg.data_parallel_size)),), address=rail.ip)
 
     def _proxy(self, inv: Inventory, facts: dict[str, HostFacts], instances: list[Service], dep: str) -> Service:
@@ -282,7 +275,6 @@ class Pd:
         env_file = (("LAYOUT", self.name), ("SERVICE", "proxy"), ("HOST", h.name), ("DEPLOYMENT", dep),
                     ("IMG", v["pd_proxy_image"]), ("API_BIND", v["pd_proxy_bind"]), ("PORT", v["pd_proxy_port"]),
                     ("PREFILL", ",".join(urls["prefill"])), ("DECODE", ",".join(urls["decode"])))
-        env_base = v["vllm_env_file"][:-4] if v["vllm_env_file"].endswith(".env") else v["vllm_env_file"]
         return Service(name="proxy", role="proxy", host=h.name, spec=spec, ready=(Gate("http", path=PROXY_READY),),
-                       env_file=tuple((a, str(b)) for a, b in env_file), env_path=f"{env_base}.proxy.env",
+                       env_file=tuple((a, str(b)) for a, b in env_file), env_path=service_env_path(v["vllm_env_file"], "proxy"),
                        expect=(("gpu_process", "none"), ("proof_words", str(v["pd_proof_words"]))))

@@ -14,8 +14,6 @@ hashes differ and nothing is shared; the static checks refuse a second value.
 
 from __future__ import annotations
 
-import ipaddress
-
 from ...errors import Problem
 from ...inventory import IMAGE_RE, Host, Inventory, origin_of
 from ..hostfacts import HostFacts, on_host
@@ -24,8 +22,9 @@ from ..litellm import CONFIG_TARGET, LIVE_PATH, MASTER_KEY_TARGET, READY_PATH, B
 from ..lmcache import EVICTION_POLICIES, HEALTH_PATH, LmcacheConfig, kv_transfer_config, server_command
 from ..lmcache import READY_LINE as LMCACHE_READY
 from ..lmcache import REGISTERED_LINE
-from ..spec import ContainerSpec, Endpoint, File, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service, Stage
-from ..vllm import READY_LINE, VllmConfig, serve_command
+from ..spec import ContainerSpec, Endpoint, File, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service, Stage, \
+    is_loopback
+from ..vllm import READY_LINE, VllmConfig, serve_command, service_env_path
 from .single_node import serve_hosts
 
 HASH_SEED_MAX = 4294967295  # what Python accepts for PYTHONHASHSEED besides "random"
@@ -33,13 +32,6 @@ HASH_SEED_MAX = 4294967295  # what Python accepts for PYTHONHASHSEED besides "ra
 
 def replica_names(n: int) -> list[str]:
     return [f"r{i}" for i in range(n)]
-
-
-def _loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return addr == "localhost"
 
 
 class Replicas:
@@ -78,7 +70,7 @@ class Replicas:
             bad("vllm_replicas", f"{n} replicas x tensor {cfg.tensor_parallel_size} x pipeline "
                                  f"{cfg.pipeline_parallel_size} = {n * cfg.world_size} GPUs; the host gives "
                                  f"cluster_gpus_per_host: {v['cluster_gpus_per_host']}")
-        if not _loopback(cfg.bind):
+        if not is_loopback(cfg.bind):
             bad("vllm_bind", "replicas take no API key and must listen on this host only (127.0.0.1); clients "
                              "call the router (litellm_bind)")
         if not v["litellm_image"]:
@@ -128,7 +120,6 @@ class Replicas:
         model_host = on_host(v["model_path"], f.home)
         labels = (("railyard.layout", self.name), ("railyard.deployment", dep))
         gpus = f.gpus[:n * cfg.world_size]
-        env_base = v["vllm_env_file"][:-4] if v["vllm_env_file"].endswith(".env") else v["vllm_env_file"]
 
         def env_file(svc: str, *pairs) -> tuple[tuple[str, str], ...]:
             head = (("LAYOUT", self.name), ("SERVICE", svc), ("HOST", h.name), ("DEPLOYMENT", dep))
@@ -146,7 +137,7 @@ class Replicas:
             env_file=env_file("lmcache", ("IMG", lmc.image), ("ZMQ", f"{lmc.host}:{lmc.port}"),
                               ("HTTP", f"{lmc.http_host}:{lmc.http_port}"), ("L1_SIZE_GB", f"{lmc.l1_size_gb:g}"),
                               ("EVICTION", lmc.eviction_policy), ("PYTHONHASHSEED", seed)),
-            env_path=f"{env_base}.lmcache.env", expect=(("gpu_process", "optional"),))
+            env_path=service_env_path(v["vllm_env_file"], "lmcache"), expect=(("gpu_process", "optional"),))
 
         kv_json = kv_transfer_config(lmc)
         replicas = []
@@ -173,7 +164,7 @@ class Replicas:
                                   ("IMG", cfg.image), ("MODEL_REPO", v["model_repo"]), ("MODEL_REV", v["model_revision"]),
                                   ("MODEL_HOST", model_host), ("CONTAINER", spec.name), ("PORT", port),
                                   ("API_BIND", cfg.bind), ("PYTHONHASHSEED", seed), ("KV_TRANSFER_CONFIG", kv_json)),
-                env_path=f"{env_base}.{name}.env", expect=(("kv_engines", "1"),)))
+                env_path=service_env_path(v["vllm_env_file"], name), expect=(("kv_engines", "1"),)))
 
         conf_dir = f"{state}/router"
         key = on_host(router.master_key_file, f.home)
@@ -192,7 +183,7 @@ class Replicas:
             ready=(Gate("http", path=LIVE_PATH), Gate("http", path=READY_PATH)),
             env_file=env_file("router", ("IMG", router.image), ("API_BIND", router.bind), ("PORT", router.port),
                               ("BACKENDS", ",".join(f"{b.id}={b.api_base}" for b in backends))),
-            env_path=f"{env_base}.router.env", expect=(("gpu_process", "none"),))
+            env_path=service_env_path(v["vllm_env_file"], "router"), expect=(("gpu_process", "none"),))
 
         return LaunchPlan(deployment=dep, layout=self.name,
                           stages=(Stage((lmcache,), wait="ready"), Stage(tuple(replicas), wait="ready"),
