@@ -78,6 +78,20 @@ def test_docker_stand_in(healthy_lab):
     assert down.returncode == 1 and down.stdout.startswith("Client:") and "Is the docker daemon running?" in down.stderr
 
 
+def test_docker_stand_in_takes_names_whole(healthy_lab):
+    # what a process of a removed container left behind once (CI, stop 17): its folder, no config
+    half = lab.lab_dir() / "hosts" / "A" / "docker" / "containers" / "half"
+    half.mkdir(parents=True)
+    (half / "state.json").write_text("{}")
+    logs = on("A", "docker logs half")
+    assert logs.returncode == 1 and "No such container: half" in logs.stderr
+    run = on("A", f"docker run -d --name half --entrypoint sleep {lab.LAB_IMAGE_NAME} 30")
+    assert run.returncode == 0, run.stderr
+    assert on("A", "docker inspect --format '{{.State.Running}}' half").stdout.strip() == "true"
+    assert on("A", "docker rm -f half").returncode == 0
+    assert not half.exists() and on("A", "docker logs half").returncode == 1
+
+
 def test_clock_skew_is_real_for_the_hosts_processes(healthy_lab):
     faults.fault("B", "clock-skew", "120")
     a = float(on("A", "date", "+%s").stdout)

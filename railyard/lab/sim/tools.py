@@ -659,18 +659,36 @@ def _cdir(name):
     return os.path.join(HOST_DIR, "docker", "containers", name)
 
 
-def _load(name):
+def _config(name):
+    """A container's config by its name, or None (also while `docker run` or `docker rm` is half-way)."""
     try:
         with open(os.path.join(_cdir(name), "config.json")) as f:
-            cfg = json.load(f)
-    except OSError:
-        for d in _all_names():  # by id or id prefix
-            c = _load(d)
-            if c and len(name) >= 4 and c["Id"].startswith(name):
-                return c
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _load(name):
+    cfg = _config(name)
+    if cfg is None and len(name) >= 4:  # by id or id prefix
+        cfg = next((c for c in map(_config, _all_names()) if c and c["Id"].startswith(name)), None)
+    if cfg is None:
         return None
     cfg["State"] = _state_of(cfg["Name"].lstrip("/"))
     return cfg
+
+
+def _remove(name):
+    """Take the name away at once, as dockerd does, then the files: a process of the old container
+    that still writes into its folder cannot leave a half container behind under the name."""
+    import shutil
+    gone = os.path.join(HOST_DIR, "docker", "removed", f"{name}.{os.getpid()}.{time.time_ns()}")
+    os.makedirs(os.path.dirname(gone), exist_ok=True)
+    try:
+        os.rename(_cdir(name), gone)
+    except OSError:
+        gone = _cdir(name)
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def _all_names():
@@ -896,8 +914,9 @@ def _run(args):
                           "CpusetCpus": opts["cpuset_cpus"], "CpusetMems": opts["cpuset_mems"],
                           "AutoRemove": opts["rm"]}}
     os.makedirs(os.path.join(_cdir(name), "rootfs", "tmp"), exist_ok=True)
-    with open(os.path.join(_cdir(name), "config.json"), "w") as f:
+    with open(os.path.join(_cdir(name), "config.json.new"), "w") as f:
         json.dump(cfg, f, indent=2)
+    os.replace(os.path.join(_cdir(name), "config.json.new"), os.path.join(_cdir(name), "config.json"))
     with open(os.path.join(_cdir(name), "gpus.json"), "w") as f:  # what the container's CUDA sees, in order
         json.dump(given, f)
     _start(name)
@@ -1064,8 +1083,7 @@ def _shim(name):
     code = rc if rc >= 0 else 128 - rc
     _write_state(name, Status="exited", Running=False, Pid=0, ExitCode=code, FinishedAt=_now())
     if cfg["HostConfig"].get("AutoRemove"):
-        import shutil
-        shutil.rmtree(_cdir(name), ignore_errors=True)
+        _remove(name)
     return 0
 
 
@@ -1363,8 +1381,7 @@ def _rm(args):
                 rc = 1
                 continue
             _stop(["--timeout", "0", n])
-        import shutil
-        shutil.rmtree(_cdir(c["Name"].lstrip("/")), ignore_errors=True)
+        _remove(c["Name"].lstrip("/"))
         print(n)
     return rc
 
