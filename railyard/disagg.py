@@ -1,5 +1,5 @@
 """`inv health` for the pd layout: every instance of both pools (/health, the KV cache of every DP
-rank), the proxy, and a timed request through it: its time to the first token, its time per
+rank; a headless rank of a multi-host instance: its container and the KV cache of its ranks), the proxy, and a timed request through it: its time to the first token, its time per
 output token and the instances that served it (by its request id in their logs); /metrics per
 pool (TTFT and TPOT means from vLLM's histograms, the KV transfer time where exported,
 speculative acceptance).
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import secrets
 
-from .ops.containers import log_tail
+from .ops.containers import inspect, log_tail
 from .ops.http import parse_metrics, request
 from .ops.pd import each_service, find_request, proof_prompt
 from .runner import Runner
+from .serving.layouts.pd import members
 from .serving.spec import Endpoint, LaunchPlan, Service
 from .serving.vllm import parse_kv_cache
 from .transport import Session
@@ -35,20 +36,43 @@ def _mean(m: dict, names) -> float | None:
     return None
 
 
+def _kv_probe(s: Session, svc: Service) -> tuple[Probe, dict[int, int]]:
+    """The KV cache of the service's own DP ranks (from `dp_start`: a multi-host instance's ranks run on several hosts)."""
+    kv = parse_kv_cache(log_tail(s, svc.spec.name, None))
+    start = int(svc.expects("dp_start", "0"))
+    want = range(start, start + int(svc.expects("kv_engines", "1")))
+    mine = {r: kv[r] for r in want if r in kv}
+    missing = [r for r in want if r not in kv]
+    return Probe(f"{svc.name} KV cache",
+                 not missing, (f"{len(mine)} of {len(want)} DP ranks, min {min(mine.values()):,} tokens" if mine
+                               else "no `GPU KV cache size` line")
+                 + (f"; none from rank(s) {', '.join(map(str, missing))}" if missing and mine else "")), mine
+
+
+def _headless(s: Session, svc: Service) -> tuple[list[Probe], dict]:
+    """A headless rank serves no API: its container runs and its engines sized their KV cache."""
+    c = inspect(s, svc.spec.name)
+    kv_probe, kv = _kv_probe(s, svc)
+    state = c.status if c.exists else "missing"
+    start, n = int(svc.expects("dp_start", "0")), int(svc.expects("kv_engines", "1"))
+    return [Probe(f"{svc.name} container", c.exists and c.running,
+                  f"{state}; DP ranks {start}-{start + n - 1} of {svc.group}, headless"),
+            kv_probe], {"pool": svc.role, "headless": True, "state": state,
+                        "kv_per_rank": {str(k): v for k, v in sorted(kv.items())}}
+
+
 def _instance(s: Session, svc: Service) -> tuple[list[Probe], dict]:
+    if svc.rank:
+        return _headless(s, svc)
     ep = Endpoint.of(svc)
     code, ms, text, _ = request(s, ep, "/health", timeout=10)
-    kv = parse_kv_cache(log_tail(s, svc.spec.name, None))
-    want = int(svc.expects("kv_engines", "1"))
+    kv_probe, kv = _kv_probe(s, svc)
     mcode, _, mtext, _ = request(s, ep, "/metrics", timeout=10)
     m = parse_metrics(mtext) if mcode == 200 else {}
     data = {"pool": svc.role, "health": code, "kv_per_rank": {str(k): v for k, v in sorted(kv.items())},
             "metrics": {**summarize_metrics(m), **{k: _mean(m, n) for k, n in HISTOGRAMS.items()}} if m else None}
-    missing = [r for r in range(want) if r not in kv]
     return [Probe(f"{svc.name} /health", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms),
-            Probe(f"{svc.name} KV cache", not missing,
-                  (f"{len(kv)} of {want} DP ranks, min {min(kv.values()):,} tokens" if kv else "no `GPU KV cache size` "
-                   "line") + (f"; none from rank(s) {', '.join(map(str, missing))}" if missing and kv else ""))], data
+            kv_probe], data
 
 
 def _timed(runner: Runner, plan: LaunchPlan, words: int) -> tuple[Probe, dict]:
@@ -76,7 +100,7 @@ def _timed(runner: Runner, plan: LaunchPlan, words: int) -> tuple[Probe, dict]:
 def api_probes(words: int):
     """verify.health's probes for the pd layout."""
     def run(runner: Runner, plan: LaunchPlan, ranks: list) -> tuple[list[Probe], dict]:
-        instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
+        instances = members(plan)
         probes: list[Probe] = []
         data: dict = {"instances": {}}
         got, unreachable = each_service(runner, instances, _instance)

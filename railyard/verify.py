@@ -33,6 +33,7 @@ from .ops.launch import describe
 from .runner import Runner
 from .serving import layouts
 from .serving.hostfacts import gpu_usage
+from .serving.layouts.pd import members
 from .serving.spec import Endpoint, LaunchPlan, Service
 from .serving.vllm import metric_engines, parse_kv_cache
 from .transport import Session, cmd
@@ -163,7 +164,7 @@ def _nixl_instance(s: Session, svc: Service, hcas: list[str]) -> NixlVerdict:
 def _verify_nixl(inv: Inventory, runner: Runner, plan: LaunchPlan) -> list:
     """The pd layout: requests through the proxy (two per prefill DP rank, so that round robin
     reaches each), then every instance's UCX endpoints (railyard.nixl.judge): KV over RDMA on the rails."""
-    instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
+    instances = members(plan)
     exercise(plan, runner, int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
     got, unreachable = each_service(runner, instances,
                                     lambda s, x: _nixl_instance(s, x, [r.hca for r in inv.host(x.host).rails.values()]))

@@ -14,6 +14,7 @@ from railyard.ops import pd as P
 from railyard.render import docker
 from railyard.serving import layouts
 from railyard.serving.hostfacts import HostFacts
+from railyard.serving.layouts.pd import serving
 
 from .conftest import ROOT, inv_cmd
 from .test_plan import docker_parses
@@ -130,6 +131,60 @@ def test_tp_and_speculative_token_counts_may_differ(tmp_path):
                                  "vllm_speculative_config": {"method": "mtp", "num_speculative_tokens": 5}})
     _, plan = pd_plan(path=p)
     assert "--tensor-parallel-size 2" in docker.run_line(plan, plan.service("decode-0"))
+
+
+def _two_host_decode(tmp_path, hosts=2, **decode):
+    """The reference with the decode pool over D1.. (DP8 on each: one DP16 instance over two hosts)."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    pool = data["all"]["children"]["decode"]
+    d1 = pool["hosts"]["D1"]
+    for i in range(2, hosts + 1):
+        pool["hosts"][f"D{i}"] = dict(d1, ansible_host=f"10.40.0.{12 + i}", rank=1 + i, rails={
+            n: dict(r, ipv4=r["ipv4"].replace(".13/", f".{12 + i}/")) for n, r in d1["rails"].items()})
+    pool["vars"] = dict({"pd_hosts_per_instance": 2, "vllm_data_parallel_size": 16}, **decode)
+    p = tmp_path / "inv.yml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_a_decode_instance_over_two_hosts_starts_its_headless_ranks_first(tmp_path):
+    _, plan = pd_plan(path=_two_host_decode(tmp_path))
+    assert [[s.name for s in st.services] for st in plan.stages] == [
+        ["decode-0-node1"], ["prefill-0", "prefill-1", "prefill-2", "prefill-3", "decode-0"], ["proxy"]]
+    head, node = plan.service("decode-0"), plan.service("decode-0-node1")
+    hline, nline = docker.run_line(plan, head), docker.run_line(plan, node)
+    for line in (hline, nline):
+        assert ("--data-parallel-size-local 8 --data-parallel-address 192.168.120.13 --data-parallel-rpc-port 29550"
+                in line and "--data-parallel-size 16" in line), line
+        docker_parses(line)
+    assert "--headless" not in hline and "--data-parallel-start-rank" not in hline
+    assert "--data-parallel-start-rank 8" in nline and nline.count("--headless") == 1
+    assert (node.host, node.spec.gpus.uuids) == ("D2", tuple(f"GPU-D2-{i}" for i in range(8)))
+    # each rank's NIXL side channel on its own host's rail; vLLM adds the global DP rank to the port
+    assert dict(node.spec.env)["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "192.168.120.14"
+    assert dict(node.spec.env)["VLLM_NIXL_SIDE_CHANNEL_PORT"] == dict(head.spec.env)["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+    assert [g.count for g in head.ready if g.kind == "kv_engines"] == [8] and node.ready == ()
+    argv = shlex.split(docker.run_line(plan, plan.service("proxy")))
+    assert [argv[j + 1] for j, a in enumerate(argv) if a == "--decode"] == ["http://192.168.120.13:8100"]
+    assert [s.name for s in serving(plan)] == ["prefill-0", "prefill-1", "prefill-2", "prefill-3", "decode-0"]
+    assert dict(node.env_file)["DP_ADDRESS"] == "192.168.120.13:29550"
+
+
+@pytest.mark.parametrize("kw,expects", [
+    (dict(hosts=3), ["the pool `decode` has 3 hosts (D1, D2, D3): not whole instances of 2"]),
+    (dict(vllm_data_parallel_size=8), ["1 instances x tensor 1 x pipeline 1 x data 4 per host (8 over 2 hosts) = 4 "
+                                       "GPUs on D1", "= 4 GPUs on D2"]),
+    (dict(vllm_data_parallel_size=15), ["vllm_data_parallel_size = 15: does not split over pd_hosts_per_instance: 2",
+                                        "vllm_data_parallel_size = 15: does not split"]),
+    (dict(pd_instances_per_host=2), ["pd_instances_per_host = 2: must be 1 when an instance spans hosts"] * 2),
+])
+def test_an_instance_over_several_hosts_is_checked_before_any_ssh(tmp_path, kw, expects):
+    r = inv_cmd("launch", "-i", str(_two_host_decode(tmp_path, **kw)), "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.splitlines()
+    for e in expects:
+        assert any(e in ln for ln in lines), (e, r.stderr)
+    assert len(lines) == len(expects), r.stderr
 
 
 # ---------------------------------------------------------------- the proof's verdicts

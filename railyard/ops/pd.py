@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from ..runner import Runner
+from ..serving.layouts.pd import members, serving
 from ..serving.spec import Endpoint, LaunchPlan, Service
 from ..transport import Session, cmd
 from .http import parse_metrics, request
@@ -89,7 +90,7 @@ def xfer_count(s: Session, svc: Service) -> float | None:
 
 def find_request(runner: Runner, plan: LaunchPlan, nonce: str) -> tuple[str, list[str], list[str]]:
     """The request id vLLM logged for the prompt carrying nonce, and the instances of each pool that logged it."""
-    instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
+    instances = members(plan)
     first = each_service(runner, instances, lambda s, x: grep_log(s, x, [nonce]))[0]
     rid = ""
     for lines in first.values():
@@ -107,9 +108,11 @@ def find_request(runner: Runner, plan: LaunchPlan, nonce: str) -> tuple[str, lis
 
 
 def exercise(plan: LaunchPlan, runner: Runner, words: int) -> int:
-    """Requests through the proxy, two per prefill DP rank (vllm-router round-robins over instance@rank),
-    so that every P->D path carries a transfer; the number that answered 200."""
-    ranks = sum(int(x.expects("kv_engines", "1")) for x in plan.services() if x.role == "prefill")
+    """Requests through the proxy, two per DP rank of the larger pool (vllm-router round-robins over the
+    instances, each instance over its ranks), so that every P->D path carries a transfer; the number
+    that answered 200."""
+    ranks = max(sum(int(x.expects("kv_engines", "1")) for x in members(plan) if x.role == pool)
+                for pool in ("prefill", "decode"))
     s = runner.session(plan.endpoint.host)
     ok = 0
     for i in range(2 * ranks):
@@ -123,8 +126,8 @@ def prove(plan: LaunchPlan, runner: Runner, words: int) -> Proof:
     nonce = f"railyard-proof-{secrets.token_hex(6)}"
     body = {"model": plan.endpoint.model, "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": proof_prompt(words, nonce)}]}
-    instances = [x for x in plan.services() if x.role in ("prefill", "decode")]
-    decodes = [x for x in instances if x.role == "decode"]
+    instances = members(plan)
+    decodes = [x for x in serving(plan) if x.role == "decode"]  # a multi-host one counts every rank's transfers
     before = each_service(runner, decodes, xfer_count)[0]
     code, ms, text, _ = request(runner.session(plan.endpoint.host), plan.endpoint, "/v1/chat/completions", body,
                                 timeout=600)
@@ -134,7 +137,8 @@ def prove(plan: LaunchPlan, runner: Runner, words: int) -> Proof:
         answer = ""
     rid, pre, dec = find_request(runner, plan, nonce)
     after = each_service(runner, decodes, xfer_count)[0]
-    moved = [n for n in dec if (after.get(n) or 0) > (before.get(n) or 0)]
+    heads = {x.name: plan.group(x.group)[0].name if x.group else x.name for x in instances}
+    moved = [n for n in dict.fromkeys(heads[d] for d in dec) if (after.get(n) or 0) > (before.get(n) or 0)]
     proof = Proof(False, "", rid, ms, pre, dec)
     if code == 200 and answer and pre and moved:
         proof.ok = True

@@ -15,7 +15,10 @@ the proxy listens on this host's loopback unless pd_proxy_unauthenticated_ok say
 closed.
 
 The hosts of the group `prefill` run prefill instances, those of `decode` decode instances
-(`pd_instances_per_host` each). Each pool's settings are its group vars, over the pool defaults
+(`pd_instances_per_host` each), or one instance spans `pd_hosts_per_instance` consecutive hosts of
+its pool (multi-node data parallel): the first host serves its API, the others run its DP ranks
+`--headless` and join it at `--data-parallel-address` on the rail; they start first (stage 0,
+started), then the heads with the single-host instances (stage 1). Each pool's settings are its group vars, over the pool defaults
 `pd_prefill_defaults` / `pd_decode_defaults` (the reference's flags), over the layout's.
 Static checks, before any SSH: what the NIXL handshake compares (image = vLLM and connector
 version, model and revision, KV cache dtype, attention backend, speculative method) is equal in
@@ -30,8 +33,8 @@ from dataclasses import dataclass, replace
 from ...errors import Problem
 from ...inventory import IMAGE_RE, Host, Inventory, origin_of
 from ..hostfacts import HostFacts, on_host
-from ..spec import ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest, Service, Stage, \
-    is_loopback
+from ..spec import HEAD_ADDR, ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest, Service, \
+    Stage, is_loopback
 from ..vllm import ALL2ALL_BACKENDS, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, serve_command, \
     service_env_path
 
@@ -46,6 +49,16 @@ COMPARED = (("vllm_image", "the image (vLLM and NIXL connector version)"), ("mod
 
 def pool_of(h: Host) -> str | None:
     return next((p for p in POOLS if p in h.groups), None)
+
+
+def serving(plan: LaunchPlan) -> list[Service]:
+    """The instances that serve an API: each single-host instance and the head of each multi-host one."""
+    return [s for s in plan.services() if s.role in POOLS and not s.rank]
+
+
+def members(plan: LaunchPlan) -> list[Service]:
+    """Every container of the pools: the serving instances and the headless ranks of multi-host ones."""
+    return [s for s in plan.services() if s.role in POOLS]
 
 
 @dataclass(frozen=True)
@@ -110,7 +123,8 @@ class Pd:
         counts = []
         for h in self.hosts(inv):
             v = pool_vars(h).values
-            counts.append(int(v["pd_instances_per_host"]) * VllmConfig.from_vars(v).world_size)
+            span = max(1, int(v["pd_hosts_per_instance"]))
+            counts.append(int(v["pd_instances_per_host"]) * VllmConfig.from_vars(v).world_size // span)
         return {"gids", "topology"}, max(counts or [1])
 
     def validate(self, inv: Inventory) -> list[Problem]:
@@ -150,6 +164,8 @@ class Pd:
                                                                  "(16 tokens), or no block moves and nothing is proven"))
         for h in self.hosts(inv):
             out += self._host_checks(h)
+        for pool in POOLS:
+            out += self._span_checks(inv, pool)
         ref = self.pool(inv, "prefill")[0]
         ref_vals = compared(pool_vars(ref).values)
         for h in self.pool(inv, "decode") + self.pool(inv, "prefill")[1:]:
@@ -175,13 +191,24 @@ class Pd:
 
         cfg = VllmConfig.from_vars(v)
         n = int(v["pd_instances_per_host"])
-        if n < 1:
-            bad("pd_instances_per_host", n, "must be at least 1")
+        span = int(v["pd_hosts_per_instance"])
+        dp = cfg.data_parallel_size
+        if n < 1 or span < 1:
+            bad("pd_instances_per_host" if n < 1 else "pd_hosts_per_instance", n if n < 1 else span, "must be at least 1")
             return out
-        if n * cfg.world_size != v["cluster_gpus_per_host"]:
+        if span > 1 and n != 1:
+            bad("pd_instances_per_host", n, f"must be 1 when an instance spans hosts (pd_hosts_per_instance: {span})")
+            return out
+        if dp % span:
+            bad("vllm_data_parallel_size", dp, f"does not split over pd_hosts_per_instance: {span} hosts; each host "
+                                              "of an instance runs the same number of DP ranks")
+            return out
+        local = dp // span
+        if n * cfg.world_size // span != v["cluster_gpus_per_host"]:
+            over = f" per host ({dp} over {span} hosts)" if span > 1 else ""
             bad("pd_instances_per_host", n, f"{n} instances x tensor {cfg.tensor_parallel_size} x pipeline "
-                                            f"{cfg.pipeline_parallel_size} x data {cfg.data_parallel_size} = "
-                                            f"{n * cfg.world_size} GPUs on {h.name}; the host gives "
+                                            f"{cfg.pipeline_parallel_size} x data {local}{over} = "
+                                            f"{n * cfg.world_size // span} GPUs on {h.name}; the host gives "
                                             f"cluster_gpus_per_host: {v['cluster_gpus_per_host']}")
         if cfg.all2all_backend and cfg.all2all_backend not in ALL2ALL_BACKENDS:
             bad("vllm_all2all_backend", cfg.all2all_backend,
@@ -195,39 +222,89 @@ class Pd:
         elif side <= last and cfg.port <= side_last:
             bad("pd_side_channel_port", side, f"the side-channel ports {side}-{side_last} overlap the API ports "
                                               f"{cfg.port}-{last} on {h.name}")
+        rpc = v["pd_dp_rpc_port"]
+        if span > 1 and (cfg.port <= rpc <= last or side <= rpc <= side_last):
+            bad("pd_dp_rpc_port", rpc, f"is one of the instance's API or side-channel ports on {h.name}")
         return out
+
+    def _span_checks(self, inv: Inventory, pool: str) -> list[Problem]:
+        """An instance over several hosts takes them in order: one span for the pool, and hosts for whole instances."""
+        hosts = self.pool(inv, pool)
+        if not hosts:
+            return []
+        first = pool_vars(hosts[0])
+        span = first.values["pd_hosts_per_instance"]
+        for h in hosts[1:]:
+            pv = pool_vars(h)
+            if pv.values["pd_hosts_per_instance"] != span:
+                file_, where = pv.origin("pd_hosts_per_instance")
+                return [Problem(file_, where, pv.values["pd_hosts_per_instance"],
+                                f"differs from {hosts[0].name} ({span}) in the pool `{pool}`; set it in the pool's "
+                                "group vars")]
+        if span > 1 and len(hosts) % span:
+            file_, where = first.origin("pd_hosts_per_instance")
+            return [Problem(file_, where, span, f"the pool `{pool}` has {len(hosts)} hosts "
+                                                f"({', '.join(h.name for h in hosts)}): not whole instances of {span}")]
+        return []
 
     def plan(self, inv: Inventory, facts: dict[str, HostFacts], order: str | None = None) -> LaunchPlan:
         head = inv.head
         dep = head.vars["vllm_container"]
         instances: list[Service] = []
+        headless: list[Service] = []
         numbers = {p: 0 for p in POOLS}
+        taken: set[str] = set()
         for h in self.hosts(inv):
+            if h.name in taken:
+                continue
             pool = pool_of(h)
-            for k in range(int(pool_vars(h).values["pd_instances_per_host"])):
+            v = pool_vars(h).values
+            span = int(v["pd_hosts_per_instance"])
+            if span > 1:  # h and the next span-1 hosts of its pool: one instance
+                hosts = self.pool(inv, pool)
+                group = hosts[hosts.index(h):hosts.index(h) + span]
+                taken.update(x.name for x in group)
+                ranks = [self._instance(inv, x, facts[x.name], pool, 0, numbers[pool], dep, node, span)
+                         for node, x in enumerate(group)]
+                instances.append(ranks[0])
+                headless += ranks[1:]
+                numbers[pool] += 1
+                continue
+            for k in range(int(v["pd_instances_per_host"])):
                 instances.append(self._instance(inv, h, facts[h.name], pool, k, numbers[pool], dep))
                 numbers[pool] += 1
         proxy = self._proxy(inv, facts, instances, dep)
+        first = (Stage(tuple(headless)),) if headless else ()
         return LaunchPlan(deployment=dep, layout=self.name,
-                          stages=(Stage(tuple(instances), wait="ready"), Stage((proxy,), wait="ready")),
+                          stages=first + (Stage(tuple(instances), wait="ready"), Stage((proxy,), wait="ready")),
                           endpoint=Endpoint(proxy.name, proxy.host, proxy.spec.bind, proxy.spec.ports[0], "",
                                             head.vars["model_repo"]),
                           verifiers=("pd_path", "nixl"))
 
-    def _instance(self, inv: Inventory, h: Host, f: HostFacts, pool: str, k: int, number: int, dep: str) -> Service:
+    def _instance(self, inv: Inventory, h: Host, f: HostFacts, pool: str, k: int, number: int, dep: str,
+                  node: int = 0, span: int = 1) -> Service:
+        """Instance `number` of the pool (its k-th on h), or node `node` of one that spans `span` hosts."""
         v = pool_vars(h).values
         cfg = VllmConfig.from_vars(v)
         rail = h.serve_rail
-        mine = f.gpus[k * cfg.world_size:(k + 1) * cfg.world_size]
+        per_host = cfg.world_size // span
+        local = cfg.data_parallel_size // span
+        mine = f.gpus[k * per_host:(k + 1) * per_host]
         cpuset = f.cpus_of(mine) if cfg.cpuset == "auto" else cfg.cpuset
         port = cfg.port + k
         side = v["pd_side_channel_port"] + k * cfg.data_parallel_size
         devices = v["pd_ucx_net_devices"]
         if devices == "auto":
             devices = ",".join(f"{r.hca}:1" for r in h.rails.values())
-        name = f"{pool}-{number}"
+        name = f"{pool}-{number}" + (f"-node{node}" if node else "")
         kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": ROLE[pool]}, separators=(",", ":"))
-        command = serve_command(replace(cfg, bind=rail.ip)) + ("--kv-transfer-config", kv)
+        group_args: list = []
+        if span > 1:
+            group_args = ["--data-parallel-size-local", str(local), "--data-parallel-address", HEAD_ADDR,
+                          "--data-parallel-rpc-port", str(v["pd_dp_rpc_port"])]
+            if node:
+                group_args += ["--data-parallel-start-rank", str(node * local)]
+        command = serve_command(replace(cfg, bind=rail.ip), group_args, headless=node > 0) + ("--kv-transfer-config", kv)
         values = {"rail_hca": rail.hca, "gid_index": f.gid_index, "rail_iface": rail.name, "node_ip": rail.ip}
         env = dict(nccl_env(values))  # the DP/EP ranks inside the instance still talk NCCL
         env.update({"UCX_TLS": v["pd_ucx_tls"], "UCX_NET_DEVICES": devices, "UCX_LOG_LEVEL": "info",
@@ -242,8 +319,10 @@ class Pd:
             shm_size=cfg.shm_size, cpuset=cpuset, ulimits=(("stack", "67108864"),),
             labels=(("railyard.layout", self.name), ("railyard.pool", pool), ("railyard.service", name)))
         ready = [Gate("log", pattern=READY_LINE), Gate("http", path="/health")]
-        if cfg.data_parallel_size > 1:
-            ready.append(Gate("kv_engines", pattern=KV_LINE, count=cfg.data_parallel_size))
+        if local > 1:
+            ready.append(Gate("kv_engines", pattern=KV_LINE, count=local))
+        if node:  # a headless rank serves no API; its head is ready only once every rank has joined it
+            ready = []
         env_file = (("LAYOUT", self.name), ("SERVICE", name), ("POOL", pool), ("HOST", h.name), ("DEPLOYMENT", dep),
                     ("GPU_UUIDS", ",".join(g.uuid for g in mine)), ("CPUSET", cpuset),
                     ("TP", cfg.tensor_parallel_size), ("DP", cfg.data_parallel_size),
@@ -251,9 +330,16 @@ class Pd:
                     ("MODEL_REPO", v["model_repo"]), ("MODEL_REV", v["model_revision"]), ("MODEL_HOST", model_host),
                     ("PORT", port), ("API_BIND", rail.ip), ("NIXL_SIDE_CHANNEL", f"{rail.ip}:{side}"),
                     ("UCX_NET_DEVICES", devices), ("UCX_TLS", v["pd_ucx_tls"]))
+        expect: tuple = (("kv_engines", str(local)),)
+        if span > 1:
+            head_ip = self.pool(inv, pool)[self.pool(inv, pool).index(h) - node].serve_rail.ip
+            env_file += (("NODE", node), ("DP_LOCAL", local), ("DP_START_RANK", node * local),
+                         ("DP_ADDRESS", f"{head_ip}:{v['pd_dp_rpc_port']}"))
+            expect += (("dp_start", str(node * local)),)
         return Service(name=name, role=pool, host=h.name, spec=spec, ready=tuple(ready),
                        env_file=tuple((a, str(b)) for a, b in env_file), env_path=service_env_path(cfg.env_file, name),
-                       expect=(("kv_engines", str(cfg.data_parallel_size)),), address=rail.ip)
+                       expect=expect, address=rail.ip, rank=node if span > 1 else None,
+                       group=f"{pool}-{number}" if span > 1 else "", group_size=span)
 
     def _proxy(self, inv: Inventory, facts: dict[str, HostFacts], instances: list[Service], dep: str) -> Service:
         h = self.proxy_host(inv)
