@@ -14,11 +14,13 @@ HASH_LABEL = "railyard.config"
 
 
 def refs(plan: LaunchPlan, svc: Service) -> dict[str, str]:
-    """What each Ref is on a docker host: the group head's rail address, the rank, the port, /model."""
+    """What each Ref is on a docker host: the group head's rail address, the rank, the port, /model, the
+    service's own address and its host's facts."""
     group = plan.group(svc.group) if svc.group else [svc]
     model = next((m.target for m in svc.spec.mounts if m.kind == "model"), "")
     return {"head_addr": group[0].address, "node_rank": str(svc.rank or 0), "group_size": str(svc.group_size),
-            "port": str(svc.spec.ports[0]) if svc.spec.ports else "", "model_dir": model}
+            "port": str(svc.spec.ports[0]) if svc.spec.ports else "", "model_dir": model, "node_addr": svc.address,
+            "gid_index": dict(svc.facts).get("gid_index", "")}
 
 
 def value(v: Value, resolved: dict[str, str]) -> str:

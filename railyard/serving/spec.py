@@ -34,7 +34,9 @@ NODE_RANK = Ref("node_rank")    # this member's rank in its group
 GROUP_SIZE = Ref("group_size")  # members in the group
 PORT = Ref("port")              # the port the service serves on
 MODEL_DIR = Ref("model_dir")    # the checkpoint as the program sees it (/model in a container)
-REFS = (HEAD_ADDR, NODE_RANK, GROUP_SIZE, PORT, MODEL_DIR)
+NODE_ADDR = Ref("node_addr")    # this member's own address (its rail IP; a pod's IP; a Slurm node's rail IP)
+GID_INDEX = Ref("gid_index")    # the RoCE v2 GID index of its rail's IPv4 (a host fact, discovered where it runs)
+REFS = (HEAD_ADDR, NODE_RANK, GROUP_SIZE, PORT, MODEL_DIR, NODE_ADDR, GID_INDEX)
 
 Value = Union[str, Ref]
 
@@ -152,6 +154,7 @@ class Service:
     env_file: tuple[tuple[str, str], ...] = ()       # what `inv env` writes for it (for people to diff)
     env_path: str = ""                               # where that file lives on the host
     expect: tuple[tuple[str, str], ...] = ()         # what health checks: e.g. ("kv_engines", "8")
+    facts: tuple[tuple[str, str], ...] = ()          # the host facts its refs resolve to on a docker host (gid_index)
 
     def expects(self, key: str, default: str = "") -> str:
         return dict(self.expect).get(key, default)
@@ -242,6 +245,8 @@ def _hosts_of(services: list[Service]) -> list[str]:
 # Fields added after the first release: left out of the hash while at their default, so containers
 # that release started are still this plan's (no --recreate after an upgrade).
 _LATER_FIELDS = {"files": (), "shell": "bash"}
+# Refs that were literal values before: hashed as the value they resolve to, as they were then.
+_LATER_REFS = ("node_addr", "gid_index")
 
 
 def spec_dict(spec: ContainerSpec) -> dict:
@@ -259,5 +264,14 @@ def spec_dict(spec: ContainerSpec) -> dict:
 def spec_hash(spec: ContainerSpec, resolved: dict | None = None) -> str:
     """16 hex of sha256 over the canonical JSON of the spec and what its refs resolve to on the target.
     The running container carries it as a label: the same hash is a no-op, another needs --recreate."""
-    doc = {"spec": spec_dict(spec), "refs": resolved or {}}
+    resolved = dict(resolved or {})
+    late = {k: resolved.pop(k, "") for k in _LATER_REFS}
+
+    def literal(x):
+        if isinstance(x, dict):
+            return late[x["name"]] if set(x) == {"name"} and x["name"] in late else {k: literal(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [literal(v) for v in x]
+        return x
+    doc = {"spec": literal(spec_dict(spec)), "refs": resolved}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .spec import MODEL_DIR, PORT, Value
+from .spec import MODEL_DIR, PORT, Ref, Value
 
 READY_LINE = "Application startup complete"
 KV_LINE = "GPU KV cache size:"
@@ -170,8 +170,15 @@ def service_env_path(env_file: str, service: str) -> str:
 
 
 def nccl_env(values: dict, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """The reference's NCCL/vLLM environment for one rank, with its rail's facts filled in."""
-    return [(k, tpl.format(**values)) for k, tpl in NCCL_ENV if k not in drop]
+    """The reference's NCCL/vLLM environment for one rank, with its rail's facts filled in (a Ref stays
+    one: a fact each target resolves where it runs)."""
+    out = []
+    for k, tpl in NCCL_ENV:
+        if k in drop:
+            continue
+        key = tpl[1:-1] if tpl.startswith("{") and tpl.endswith("}") else None
+        out.append((k, values[key] if key and isinstance(values[key], Ref) else tpl.format(**values)))
+    return out
 
 
 # ---------------------------------------------------------------- what vLLM prints

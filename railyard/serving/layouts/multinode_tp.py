@@ -12,8 +12,8 @@ from __future__ import annotations
 from ...errors import Problem
 from ...inventory import Host, Inventory, origin_of
 from ..hostfacts import HostFacts, on_host
-from ..spec import (GROUP_SIZE, HEAD_ADDR, NODE_RANK, ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan,
-                    Mount, RdmaRequest, Secret, Service, Stage)
+from ..spec import (GID_INDEX, GROUP_SIZE, HEAD_ADDR, NODE_ADDR, NODE_RANK, ContainerSpec, Endpoint, Gate,
+                    GpuRequest, LaunchPlan, Mount, RdmaRequest, Secret, Service, Stage)
 from ..vllm import API_KEY_TARGET, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, serve_command
 
 GROUP = "tp"
@@ -62,7 +62,7 @@ class MultinodeTP:
         head_ip = inv.head.serve_rail.ip
         workers = [w.serve_rail.ip for w in inv.workers]
         peers = [p.serve_rail.ip for p in inv.hosts if p.name != h.name]
-        values = {"rail_hca": rail.hca, "gid_index": f.gid_index, "rail_iface": rail.name, "node_ip": rail.ip}
+        values = {"rail_hca": rail.hca, "gid_index": GID_INDEX, "rail_iface": rail.name, "node_ip": NODE_ADDR}
         env = nccl_env(values) + list(cfg.extra_env)
         group_args = ["--nnodes", GROUP_SIZE, "--node-rank", NODE_RANK, "--master-addr", HEAD_ADDR,
                       "--master-port", str(cfg.master_port)]
@@ -87,7 +87,8 @@ class MultinodeTP:
         ready = (Gate("log", pattern=READY_LINE), Gate("http", path="/health")) if h.is_head else ()
         return Service(name="head" if h.is_head else f"worker-{h.rank}", role="head" if h.is_head else "worker",
                        host=h.name, spec=spec, ready=ready, rank=h.rank, group=GROUP, group_size=len(inv.hosts),
-                       address=rail.ip, env_file=tuple((k, str(x)) for k, x in env_file), env_path=cfg.env_file)
+                       address=rail.ip, env_file=tuple((k, str(x)) for k, x in env_file), env_path=cfg.env_file,
+                       facts=(("gid_index", str(f.gid_index)),))
 
 
 def _dedupe(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
