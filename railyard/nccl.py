@@ -8,7 +8,16 @@ else fails with a reason and a fix. Not fooled by:
 - old channel formats (`Channel 01 : 2[c7000] -> 0[87000] ... via NET/IB/5/GDRDMA`, `Ring 00 : ...`);
 - line prefixes (timestamps, `[1,12]<stdout>:`, `(RayWorkerWrapper pid=..., ip=...)`, empty hostnames);
 - external net plugins (`NET/IBext_v10/1`, `GPU Direct RDMA (DMABUF) enabled`);
-- a net plugin that fails to load (`plugin/net.cc:118 -> 2`) before NCCL's own IB takes over.
+- a net plugin that fails to load (`plugin/net.cc:118 -> 2`) before NCCL's own IB takes over;
+- text after the channel path (Ray's `[repeated 14x across cluster]`, RCCL's `comm 0x... nRanks 02`, `/Shared`,
+  `0(2)` for a PXN proxy device);
+- several NCCL messages on one physical line (a pasted or spliced log) and a WARN wrapped onto the next line;
+- IB-verbs plugins that do not call themselves IB (`NET/NCCL RDMA Plugin v6/0/GDRDMA`, `IBext_v8`): IB;
+  AWS `Libfabric` (EFA, aws-ofi-nccl) and `UCX`: RDMA plugins named as such, never a "TCP fallback";
+- error traces of NCCL's proxy/async threads (`proxy.cc:858 -> 6 [Proxy Thread]`, `group.cc:75 -> 6 [Async thread]`).
+A bootstrap or socket connect failure (`Connection refused`, `closed by remote peer`) gets the bootstrap fix, an IB
+completion error the GID/MTU one; `NCCL_IB_HCA` without `=` matches by prefix (`mlx5_1` is also `mlx5_10`): an HCA
+in use that only a prefix matched is flagged.
 
 `judge_intranode` is the one-host judge (`inv nccl-check` on single_node_tp and dp_ep): the ranks of
 one host pass only on channels via P2P/... (CUMEM, IPC, direct pointer, read or not) or NVLink SHARP
@@ -23,10 +32,18 @@ from dataclasses import asdict, dataclass, field
 _MARK = re.compile(r"NCCL (INFO|WARN|ERROR) ")
 _VERSION = re.compile(r"\b[NR]CCL version[ :]*(\d+\.\d+\.\d+)")
 _NNODES = re.compile(r"\bnNodes (\d+)")
-_CHANNEL = re.compile(r"\b(?:Channel|Ring) \d+(?:/\d+)? ?: .*?\bvia (NET/.+?)\s*$")
+_CHANNEL = re.compile(r"\b(?:Channel|Ring) \d+(?:/\d+)? ?: .*?\bvia NET/(?P<name>[^/]+)/(?P<dev>\d+)"
+                      r"(?:\(\d+\))?(?P<flags>(?:/[A-Za-z][\w=]*)*)")
+# the `host:pid:tid [dev] ` (and a WARN's `file.cc:NN `) that opens the next message spliced onto a line
+_NEXT_HEADER = re.compile(r"\s*(?:\S*:\d+:\d+ )?\[\d+\](?: [\w./-]+:\d+)?\s*$")
+_RECORD_START = re.compile(r"^\s*(?:\S*:\d+:\d+ \[\d+\]|\[|\(|NCCL |#|INFO |WARNING |ERROR )")
+# the rest of a WARN wrapped onto the next line (`...len` / `0, vendor err 129 (Recv)`), never a `tool: message` record
+_CONTINUATION = re.compile(r"^\s*(?![^\s:]{1,16}: )[0-9a-z,(]")
+_UCX_ERROR = re.compile(r"\bUCX\s+ERROR\s+(.*\S)")
+_IB_HCA_SET = re.compile(r"\bNCCL_IB_HCA set (?:by environment )?to (\S+)")
 _IB_USING = re.compile(r"NET/IB\S* ?: Using (.*)$")
 _HCA = re.compile(r"\[\d+\]([A-Za-z0-9_]+):\d+")
-_TRACE = re.compile(r"^([\w./-]+\.(?:cc|cu|cpp|c|h)):(\d+) -> (\d+)\s*$")
+_TRACE = re.compile(r"^([\w./-]+\.(?:cc|cu|cpp|c|h)):(\d+) -> (\d+)(?: \[([^\]]+)\])?\s*$")
 
 
 @dataclass
@@ -39,26 +56,58 @@ class RankVerdict:
     nccl_version: str | None
     warnings: list[str]
     reasons: list[str] = field(default_factory=list)
+    net_plugin: str | None = None  # the NET plugin's own name in the channel lines: IB, IBext_v8, AWS Libfabric, ...
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 def _messages(text: str):
-    """(level, message) for every NCCL line, whatever precedes `NCCL INFO` on it."""
+    """(level, message, line) for every NCCL message, whatever precedes `NCCL INFO` on its line; several messages
+    on one physical line (pasted or spliced) are split, and a WARN wrapped onto the next line is joined again."""
+    pending = None
     for line in text.splitlines():
-        m = _MARK.search(line)
-        if m:
-            yield m.group(1), line[m.end():].rstrip(), line.rstrip()
+        marks = list(_MARK.finditer(line))
+        if not marks:
+            if pending and _CONTINUATION.match(line) and not _RECORD_START.match(line):
+                pending = (pending[0], pending[1] + " " + line.strip(), pending[2] + "\n" + line.rstrip())
+                continue
+            if pending:
+                yield pending
+                pending = None
+            continue
+        if pending:
+            yield pending
+            pending = None
+        for i, m in enumerate(marks):
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(line)
+            msg = line[m.end():end]
+            if i + 1 < len(marks):
+                msg = _NEXT_HEADER.sub("", msg)
+            item = (m.group(1), msg.rstrip(), line.rstrip())
+            if i + 1 == len(marks) and m.group(1) == "WARN":
+                pending = item  # its text may go on on the next physical line
+            else:
+                yield item
+    if pending:
+        yield pending
 
 
-def _transport(path: str) -> tuple[str, bool]:
-    """`NET/IB/5/GDRDMA` -> ("IB", True); `NET/IBext_v10/1` -> ("IB", False); `NET/Socket/0` -> ("Socket", False)."""
-    parts = path.split("/")
-    name = parts[1] if len(parts) > 1 else path
-    if name.startswith("IB"):
-        name = "IB"
-    return name, "GDRDMA" in parts[2:]
+# NET plugins that speak IB verbs to the HCA: NCCL's own (IB), the HPC-X/nccl-rdma-sharp-plugins builds (IBext,
+# IBext_v8, "NCCL RDMA Plugin v6"). Other RDMA plugins keep their own name: Libfabric (AWS EFA via aws-ofi-nccl), UCX.
+def _family(name: str) -> str:
+    low = name.lower()
+    if name.startswith("IB") or low.startswith("nccl rdma plugin"):
+        return "IB"
+    if "libfabric" in low or low.startswith("ofi"):
+        return "Libfabric"
+    if low.startswith("ucx"):
+        return "UCX"
+    return name
+
+
+PLUGIN_WHAT = {"Libfabric": "Libfabric (the aws-ofi-nccl plugin: AWS EFA or a libfabric provider)",
+               "UCX": "UCX (the nccl-rdma-sharp-plugins UCX transport)"}
 
 
 HINTS = {
@@ -73,16 +122,40 @@ HINTS = {
            "rail IPv4 (inv preflight: gid) and the MTU equal on both ends (inv preflight: mtu)",
     "ifname": "NCCL_SOCKET_IFNAME must name the rail interface that exists in the container (host network)",
     "hca": "set NCCL_IB_HCA to the configured rail's HCA",
+    "hca_prefix": "NCCL_IB_HCA without a leading '=' matches HCA names by prefix: set the exact form "
+                  "NCCL_IB_HCA=={exact}",
+    "bootstrap": "a TCP connection between ranks failed before any RDMA (NCCL's bootstrap or socket layer): every "
+                 "rank must be started and listening, no firewall between them, and NCCL_SOCKET_IFNAME must name an "
+                 "interface whose address the peers can reach (ping and nc the address in the warning)",
+    "net_init": "no NET plugin could start (NCCL_NET forces one, e.g. NCCL_NET=IB, that finds no device): pass "
+                "--device /dev/infiniband and the rail HCA into the container, or unset NCCL_NET",
+    "peer_closed": "the peer rank closed the connection: it most likely exited or crashed first; read that rank's log "
+                   "for its first error",
+    "other_plugin": "the image loads the {what} net plugin instead of NCCL's IB verbs on the rail HCA: remove the "
+                    "plugin from the image or set NCCL_NET=IB, and NCCL_IB_HCA to the rail's HCA",
+    "ucx": "the UCX transport reported an error: read it (UCX_LOG_LEVEL=info shows more), check UCX_NET_DEVICES "
+           "names the rail HCA",
     "nochannel": "no inter-node channel in the log: it may be cut short, NCCL_DEBUG_SUBSYS may lack INIT,NET, or the "
                  "job never connected across nodes",
 }
 
 
-def _warn_hint(msg: str) -> str:
+def _warn_hint(msg: str, traces: list[str] | None = None) -> str:
     low = msg.lower()
-    if "vendor err 129" in low or "status=12" in low or "retry" in low or "ibv_modify_qp" in low \
-            or "timed out" in low:
+    ib = "net/ib" in low or "ibv_" in low or "vendor err" in low or "completion" in low
+    if "vendor err 129" in low or "status=12" in low or "with error 12," in low or "ibv_modify_qp" in low \
+            or (ib and ("retry" in low or "timed out" in low)):
         return HINTS["gid"]
+    if "failed to initialize any net plugin" in low:
+        return HINTS["net_init"]
+    if "closed by remote peer" in low:
+        return HINTS["peer_closed"]
+    if "connection refused" in low or "socketstartconnect" in low or "connection abort" in low \
+            or ("connect to" in low and "failed" in low) or "bootstrap" in low and "connect" in low \
+            or ("timed out" in low and not ib) \
+            or (traces and any(t.startswith(("bootstrap.cc", "misc/socket.cc")) for t in traces)
+                and ("socket" in low or "connect" in low)):
+        return HINTS["bootstrap"]
     if "ibv_reg_mr" in low or "cannot allocate memory" in low or "memlock" in low:
         return HINTS["socket_memlock"]
     if "socket" in low and ("interface" in low or "ifname" in low):
@@ -99,6 +172,12 @@ def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankV
     warnings: list[str] = []
     traces: list[str] = []
     no_ib_device = memlock_error = False
+    ucx_errors: list[str] = []
+    for line in text.splitlines():
+        u = _UCX_ERROR.search(line)
+        if u and u.group(1) not in ucx_errors:
+            ucx_errors.append(u.group(1))
+    hca_setting = None
     m = _VERSION.search(text)  # older NCCL prints it on a line of its own, without `NCCL INFO`
     if m:
         version = m.group(1)
@@ -111,7 +190,10 @@ def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankV
                     hcas.append(h)
         m = _CHANNEL.search(msg)
         if m:
-            channels.append(_transport(m.group(1)))
+            channels.append((m.group("name"), "/GDRDMA" in m.group("flags") + "/"))
+        h = _IB_HCA_SET.search(msg)
+        if h:
+            hca_setting = h.group(1)
         if "NET/IB : No device found" in msg:
             no_ib_device = True
         if "ibv_reg_mr" in msg or "Cannot allocate memory" in msg:
@@ -121,41 +203,72 @@ def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankV
                 warnings.append(msg)
         else:
             t = _TRACE.match(msg.strip())
-            if t and not t.group(1).startswith("plugin/"):  # a plugin that fails to load is not a failure
-                traces.append(msg.strip())
+            if t and not t.group(1).startswith("plugin/") and msg.strip() not in traces:
+                traces.append(msg.strip())  # (a plugin that fails to load is not a failure)
     if nnodes and max(nnodes) < 2:
         channels = []  # NET channels between ranks of one node (NCCL_P2P_LEVEL/SHM_DISABLE) prove nothing
+    plugins = sorted({k for k, _ in channels})
+    channels = [(_family(k), g) for k, g in channels]
     kinds = sorted({k for k, _ in channels})
     transport = None if not kinds else ("Socket" if "Socket" in kinds else kinds[0] if len(kinds) == 1 else "+".join(kinds))
-    gdrdma = bool(channels) and all(g for k, g in channels) and transport == "IB"
+    rdma = transport in ("IB", "Libfabric", "UCX")
+    gdrdma = bool(channels) and all(g for k, g in channels) and rdma
     reasons: list[str] = []
     if transport is None and nnodes and max(nnodes) < 2:
         reasons.append("every communicator in the log is single-node (nNodes 1): no inter-node channel to judge "
                        f"(fix: {HINTS['nochannel']})")
     elif transport is None:
         reasons.append(f"no inter-node channel seen (fix: {HINTS['nochannel']})")
-    elif transport != "IB":
+    elif transport in ("Libfabric", "UCX") and expect_hcas:
+        what = PLUGIN_WHAT[transport]
+        reasons.append(f"{len(channels)} inter-node channel(s) over {what}, not NCCL's IB verbs on the rail's "
+                       f"{', '.join(expect_hcas)} (fix: {HINTS['other_plugin'].format(what=transport)})")
+    elif not rdma:
         why = HINTS["socket_nodev"] if no_ib_device and not memlock_error else \
-            HINTS["socket_memlock"] if memlock_error else HINTS["socket"]
-        n = sum(1 for k, _ in channels if k != "IB")
+            HINTS["socket_memlock"] if memlock_error else HINTS["socket"] if "Socket" in kinds else \
+            f"NCCL used the {'/'.join(plugins)} net plugin, not RDMA: remove it or set NCCL_NET=IB"
+        n = sum(1 for k, _ in channels if k not in ("IB", "Libfabric", "UCX"))
         reasons.append(f"{n} inter-node channel(s) over {transport}, not IB (fix: {why})")
     elif not gdrdma:
         n = sum(1 for k, g in channels if not g)
-        reasons.append(f"{n} of {len(channels)} inter-node IB channel(s) without GPUDirect RDMA (fix: {HINTS['nogdr']})")
+        what = "IB" if transport == "IB" else PLUGIN_WHAT[transport]
+        reasons.append(f"{n} of {len(channels)} inter-node {what} channel(s) without GPUDirect RDMA "
+                       f"(fix: {HINTS['nogdr']})")
+    pulled = _prefix_pulled(hca_setting, hcas)
+    if pulled:
+        exact = ",".join(h for h in hcas if h not in pulled) if not expect_hcas else ",".join(expect_hcas)
+        reasons.append(f"NCCL_IB_HCA={hca_setting} matched by prefix and pulled in {', '.join(pulled)} "
+                       f"(fix: {HINTS['hca_prefix'].format(exact=exact)})")
     if transport == "IB" and expect_hcas:
         if not hcas:
             reasons.append("the HCAs in use are not in the log (fix: NCCL_DEBUG_SUBSYS must include INIT,NET)")
         else:
-            other = [h for h in hcas if h not in expect_hcas]
+            other = [h for h in hcas if h not in expect_hcas and h not in pulled]
             if other:
                 reasons.append(f"uses {', '.join(other)}, not the configured rail's {', '.join(expect_hcas)} "
                                f"(fix: {HINTS['hca']}={','.join(expect_hcas)})")
     for w in warnings:
-        reasons.append(f"NCCL WARN {w} (fix: {_warn_hint(w)})")
-    for t in traces:
-        reasons.append(f"error return trace {t} (fix: read the WARN before it; NCCL_DEBUG_SUBSYS=ALL shows more)")
+        reasons.append(f"NCCL WARN {w} (fix: {_warn_hint(w, traces)})")
+    if traces:  # one failure unwinds as a chain of `file:line -> code` frames: one reason for the chain
+        threads = sorted({m.group(4) for m in map(_TRACE.match, traces) if m.group(4)})
+        chain = ", ".join(traces) if len(traces) <= 3 else f"{traces[0]}, ..., {traces[-1]}"
+        where = f", through NCCL's {' and '.join(threads)}" if threads else ""
+        fix = HINTS["bootstrap"] if not warnings and any(t.startswith("bootstrap.cc") for t in traces) else \
+            "read the WARN before it; NCCL_DEBUG_SUBSYS=ALL shows more"
+        reasons.append(f"error return trace {chain} ({len(traces)} frame(s){where}) (fix: {fix})")
+    for u in ucx_errors:
+        reasons.append(f"UCX ERROR {u} (fix: {HINTS['ucx']})")
     verdict = "pass" if not reasons else "fail"
-    return RankVerdict(source, verdict, transport, gdrdma, hcas, version, warnings, reasons)
+    plugin = plugins[0] if len(plugins) == 1 else ("+".join(plugins) if plugins else None)
+    return RankVerdict(source, verdict, transport, gdrdma, hcas, version, warnings, reasons, plugin)
+
+
+def _prefix_pulled(setting: str | None, hcas: list[str]) -> list[str]:
+    """HCAs in use that `NCCL_IB_HCA` (NCCL's prefix form: no leading `=`, no `^`) names only as a prefix."""
+    if not setting or setting.startswith(("=", "^")):
+        return []
+    names = [e.split(":")[0] for e in setting.split(",") if e]
+    return [h for h in hcas if h not in names and any(h.startswith(n) for n in names)]
 
 
 # ---------------------------------------------------------------- one host: the intra-node transport

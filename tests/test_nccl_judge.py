@@ -118,12 +118,111 @@ def test_cli_judges_local_files_without_ssh_json_contract():
     doc = json.loads(r.stdout)
     assert doc["ok"] is False and [x["verdict"] for x in doc["data"]["ranks"]] == ["pass", "fail"]
     assert set(doc["data"]["ranks"][0]) == {"source", "verdict", "net_transport", "gdrdma", "hcas", "nccl_version",
-                                            "warnings", "reasons"}
+                                            "warnings", "reasons", "net_plugin"}
     assert [x["net_transport"] for x in doc["data"]["ranks"]] == ["IB", "Socket"]
     ok = inv_cmd("verify-rdma", "--log", str(NCCL / "sglang-dsr1-2node-8xroce-gdrdma-nccl2.27.5.log"))
     assert ok.returncode == 0 and "PASS" in ok.stdout
     missing = inv_cmd("verify-rdma", "--log", "/nonexistent/nccl.log")
     assert missing.returncode == 2 and "--log /nonexistent/nccl.log" in missing.stderr
+
+
+# ---------------------------------------------------------------- real logs of shapes the judge had not seen (issue 15)
+
+def test_ray_dedup_suffix_after_the_channel_path_still_reads_gdrdma():
+    v = j(PUB / "vllm-ray-2node-ib_gdrdma-channels-ray-repeated-suffix_fragment.log")
+    assert (v.verdict, v.net_transport, v.gdrdma, v.nccl_version) == ("pass", "IB", True, "2.21.5"), v.reasons
+    assert "via NET/IB/0/GDRDMA [repeated 14x across cluster]" in (
+        PUB / "vllm-ray-2node-ib_gdrdma-channels-ray-repeated-suffix_fragment.log").read_text()
+
+
+def test_ib_verbs_plugins_that_do_not_call_themselves_ib_are_ib():
+    v = j(PUB / "tencent-h20-2node_net-nccl-rdma-plugin-v6-gdrdma-shared_nccl2.26.5_fragments.log")
+    assert (v.verdict, v.net_transport, v.gdrdma, v.net_plugin) == ("pass", "IB", True, "NCCL RDMA Plugin v6")
+    assert v.hcas == ["mlx5_bond_6", "mlx5_bond_7"] and v.nccl_version == "2.26.5"
+    # judged against a rail: the same log fails for an HCA outside it, never as a TCP fallback
+    narrow = j(PUB / "tencent-h20-2node_net-nccl-rdma-plugin-v6-gdrdma-shared_nccl2.26.5_fragments.log", ["mlx5_bond_6"])
+    assert narrow.verdict == "fail" and not any("TCP" in r for r in narrow.reasons)
+    v8 = j(PUB / "64rank-ibext_v8-channels-no-gdrdma_fragment.log")
+    assert (v8.net_transport, v8.net_plugin, v8.verdict) == ("IB", "IBext_v8", "fail")
+    assert "IB channel(s) without GPUDirect RDMA" in v8.reasons[0]
+
+
+@pytest.mark.parametrize("name", ["aws-efa-nccl2.9.9_net-aws-libfabric-gdrdma_fragment.log",
+                                  "sagemaker-efa_net-aws-libfabric-gdrdma-shared_cloudwatch-prefix_fragment.log"])
+def test_libfabric_efa_is_named_never_a_tcp_fallback(name):
+    v = j(PUB / name)
+    assert (v.verdict, v.net_transport, v.gdrdma, v.net_plugin) == ("pass", "Libfabric", True, "AWS Libfabric")
+    # railyard's own ranks run NCCL's IB on the rail HCA: there the plugin is the finding, named as such
+    own = j(PUB / name, ["mlx5_1"])
+    assert own.verdict == "fail" and "Libfabric (the aws-ofi-nccl plugin" in own.reasons[0]
+    assert "NCCL_NET=IB" in own.reasons[0] and not any("TCP" in r for r in own.reasons)
+
+
+def test_ucx_plugin_with_rccl_comm_suffix_is_named_and_its_error_fails():
+    v = j(PUB / "rccl-ucx-plugin-2node_net-ucx-gdrdma-comm-suffix_ucx-error_fragment.log")
+    assert (v.net_transport, v.gdrdma, v.net_plugin, v.verdict) == ("UCX", True, "UCX", "fail")
+    assert v.reasons == ["UCX ERROR failed to insert region 0x1479900ba210 [0x0..0x0]: Invalid parameter (fix: the UCX "
+                         "transport reported an error: read it (UCX_LOG_LEVEL=info shows more), check UCX_NET_DEVICES "
+                         "names the rail HCA)"]
+
+
+def test_bootstrap_connection_refused_gets_the_bootstrap_fix_not_gid():
+    v = j(PUB / "espnet-4node_bootstrap-connect-refused_nccl-socket-h_fragment.log")
+    assert v.verdict == "fail" and v.warnings == ["Connect to 10.38.10.112<21724> failed : Connection refused"]
+    warn = next(r for r in v.reasons if r.startswith("NCCL WARN"))
+    assert "NCCL_SOCKET_IFNAME" in warn and "before any RDMA" in warn and "GID" not in warn
+    assert [r for r in v.reasons if r.startswith("error return trace")] == [
+        "error return trace bootstrap.cc:100 -> 2, bootstrap.cc:326 -> 2, init.cc:695 -> 2 (3 frame(s)) (fix: read the "
+        "WARN before it; NCCL_DEBUG_SUBSYS=ALL shows more)"]
+    closed = j(PUB / "nccl-bootstrap-closed-by-peer_async-thread-trace_fragment.log")
+    assert any("peer rank closed the connection" in r for r in closed.reasons)
+    # one chain of return frames, one reason, naming the async thread it went through
+    trace = [r for r in closed.reasons if r.startswith("error return trace")]
+    assert len(trace) == 1 and "(10 frame(s), through NCCL's Async thread)" in trace[0]
+    sock = j(PUB / "nccl-tests-socket-transport-connect-abort_proxy-service-warn_fragment.log")
+    assert sock.verdict == "fail" and not any("GID" in r for r in sock.reasons)
+
+
+def test_ib_completion_error_wrapped_onto_two_lines_from_the_proxy_thread_gets_gid_mtu():
+    v = j(PUB / "azure-ib-roce-mixed_net-ib-completion-error-12-wrapped-line_proxy-thread-trace_fragment.log")
+    assert v.warnings == ["NET/IB : Got completion from peer 10.2.0.5<33092> with error 12, opcode 0, len 0, "
+                          "vendor err 129 (Recv)"]
+    assert any("NCCL_IB_GID_INDEX" in r and r.startswith("NCCL WARN") for r in v.reasons)
+    assert any("through NCCL's Proxy Thread" in r for r in v.reasons)
+
+
+def test_nccl_ib_hca_prefix_match_pulling_in_another_hca_is_flagged():
+    v = j(PUB / "slurm-2node-16rank_nccl-ib-hca-prefix-pulls-mlx5_10_nccl2.29.3_fragment.log")
+    assert "mlx5_10" in v.hcas and v.verdict == "fail"
+    flag = [r for r in v.reasons if "matched by prefix" in r]
+    assert len(flag) == 1 and "pulled in mlx5_10" in flag[0] and "NCCL_IB_HCA==mlx5_0," in flag[0]
+    # judged against the rail: the cause is named once, not again as "uses mlx5_10, not the rail's"
+    rail = j(PUB / "slurm-2node-16rank_nccl-ib-hca-prefix-pulls-mlx5_10_nccl2.29.3_fragment.log",
+             [f"mlx5_{i}" for i in range(8)])
+    assert sum("mlx5_10" in r for r in rail.reasons) == 1
+    # the exact form and NCCL's own HCA set without a stray prefix are not flagged
+    ok = j(NCCL / "sglang-dsr1-2node-8xroce-gdrdma-nccl2.27.5.log")
+    assert ok.verdict == "pass" and not any("prefix" in r for r in ok.reasons)
+    exact = judge("h:1:1 [0] NCCL INFO NCCL_IB_HCA set to =mlx5_1\n"
+                  "h:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_1:1/RoCE [1]mlx5_10:1/RoCE [RO]; OOB e:1<0>\n", "x")
+    assert not any("prefix" in r for r in exact.reasons)
+
+
+def test_several_messages_on_one_physical_line_are_each_read():
+    """A pasted log (newlines lost) and NCCL's own splices: every message on the line counts, so a WARN or a
+    socket channel hidden after another message can never leave a pass standing."""
+    src = PUB / "vllm-ray-2node-ib_gdrdma-channels-ray-repeated-suffix_fragment.log"
+    pasted = " ".join(src.read_text().splitlines())
+    v = judge(pasted, "pasted")
+    assert (v.verdict, v.net_transport, v.gdrdma, v.nccl_version) == ("pass", "IB", True, "2.21.5"), v.reasons
+    sock = (NCCL / "h200-two-hosts-one-gpu_default_nccl2.28.9_r0.log").read_text()
+    bad = judge(" ".join(sock.splitlines()), "pasted-socket")
+    assert (bad.verdict, bad.net_transport) == ("fail", "Socket")
+    spliced = (PUB / "vllm-tp2-one-host_p2p-cumem_nccl2.28.9.log").read_text().splitlines()[41]
+    assert spliced.count("NCCL INFO") == 2
+    from railyard.nccl import _messages
+    assert [m for _, m, _ in _messages(spliced)] == ["NVLS multicast support is not available on",
+                                                     "ENV/Plugin: Could not find: libnccl-env.so"]
 
 
 # ---------------------------------------------------------------- one host: the intra-node judge
