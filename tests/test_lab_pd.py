@@ -2,7 +2,8 @@
 EP, 4 GPUs each) on A and on B, one decode instance (DP8 + EP) on C, the real vllm-router on A.
 Launch with the P->D proof as its last gate, health with a timed request, verify-rdma's NIXL
 judge, the proof refusing a short prompt, a KV dtype mismatch forced at run time, a side channel
-left at localhost, and a killed prefill instance that the proxy routes around."""
+left at localhost, a killed prefill instance that the proxy routes around, and a decode instance
+over two hosts (DP16: B's ranks headless) whose headless node, killed, takes its instance down."""
 
 import json
 import shutil
@@ -20,7 +21,7 @@ from .conftest import home, inv_cmd, on, pd_inventory
 
 pytestmark = pytest.mark.lab
 DEP = "vllm-pd"
-INSTANCES = [f"{DEP}-prefill-{i}" for i in range(4)] + [f"{DEP}-decode-0", f"{DEP}-proxy"]
+INSTANCES = [f"{DEP}-prefill-{i}" for i in range(4)] + [f"{DEP}-decode-0", f"{DEP}-decode-0-node1", f"{DEP}-proxy"]
 
 
 def inv(path, *args, timeout=300):
@@ -146,3 +147,40 @@ def test_a_killed_prefill_instance_is_routed_around_and_named_by_health(pd):
     assert h.returncode == 1
     dead = [c for c in doc["checks"] if c["status"] == "fail" and c["host"] == "B"]
     assert any("prefill-3" in c["detail"] for c in dead), dead
+
+
+def test_a_decode_instance_over_two_hosts_serves_and_dies_whole(pd):
+    data = yaml.safe_load(pd.read_text())
+    pools = data["all"]["children"]
+    pools["decode"]["hosts"] = {"B": pools["prefill"]["hosts"].pop("B"), **pools["decode"]["hosts"]}  # B heads it
+    pools["decode"]["vars"] = {"pd_hosts_per_instance": 2, "vllm_data_parallel_size": 16}
+    two = pd.parent / "pd-two-host-decode.yml"
+    two.write_text(yaml.safe_dump(data, sort_keys=False))
+    remove_all()
+    assert inv(two, "env").returncode == 0
+    r = inv(two, "launch")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr
+    assert "over NIXL" in r.stdout and "decode-0-node1" in r.stdout
+    h = inv(two, "health", "--json")
+    doc = json.loads(h.stdout)
+    assert h.returncode == 0, [c for c in doc["checks"] if c["status"] != "pass"]
+    kv = doc["data"]["metrics"]["instances"]
+    assert sorted(map(int, kv["decode-0"]["kv_per_rank"])) == list(range(8))
+    assert sorted(map(int, kv["decode-0-node1"]["kv_per_rank"])) == list(range(8, 16))
+    # the head's /metrics carries every rank's NIXL transfers, the headless ones' too
+    inventory = load_inventory(two)
+    from railyard.launch import build_plan
+    with Runner(inventory.hosts) as runner:
+        plan = build_plan(inventory, runner)
+        assert P.exercise(plan, runner, 40) == 32
+        text = on("B", f"curl -s http://{plan.service('decode-0').spec.bind}:8100/metrics").stdout
+    moved = {ln.split('engine="')[1].split('"')[0] for ln in text.splitlines()
+             if ln.startswith("vllm:nixl_xfer_time_seconds_count") and not ln.endswith(" 0.0")}
+    assert {"0", "15"} <= moved, sorted(moved)
+    # a headless node's engines die: the instance's head shuts down, and health names both
+    on("C", f"docker kill {DEP}-decode-0-node1")
+    h = inv(two, "health", "--json")
+    doc = json.loads(h.stdout)
+    failed = " ".join(c["detail"] for c in doc["checks"] if c["status"] == "fail")
+    assert h.returncode == 1 and f"{DEP}-decode-0-node1 is exited" in failed and f"{DEP}-decode-0 is exited" in failed, \
+        failed

@@ -53,11 +53,12 @@ def _resolve(host):
 class Nixl:
     def __init__(self, V):
         self.V = V
-        self.engines = []  # per DP rank: {"engine_id", "port", "name", "pid", "worker", "wpid", "srv"}
+        self.engines = {}  # DP rank -> {"engine_id", "port", "name", "pid", "worker", "wpid", "srv"}: this process's
         self.kept = {}  # request id -> {"engine": dp, "blocks": [...], "bytes": n, "expires": t, "reads": 0}
         self.lock = threading.Lock()
         self.stats = {"xfer": [], "bytes": [], "descs": [], "failed": 0, "expired": 0}  # since the last log line
-        self.prom = []  # per engine: {"xfer": [...], "post": [...], "bytes": [...], "descs": [...], counters}
+        self.prom = {}  # DP rank -> {"xfer": [...], "post": [...], "bytes": [...], "descs": [...], counters}; a
+                        # multi-node instance's head also keeps its headless ranks' (record())
         self.remote = {}  # remote engine id -> transport, once per engine (UCX's endpoint config line)
         self.cfg_n = 1
 
@@ -87,8 +88,8 @@ class Nixl:
             wname, wpid = (e["workers"][0] if e["workers"] else (e["name"], e["pid"]))
             ent = {"engine_id": eid, "port": base + dp, "name": e["name"], "pid": e["pid"] or os.getpid(),
                    "worker": wname, "wpid": wpid or os.getpid(), "dp": dp}
-            self.engines.append(ent)
-            self.prom.append({"xfer": [], "post": [], "bytes": [], "descs": [], "failed": 0, "notif": 0, "expired": 0})
+            self.engines[dp] = ent
+            self._prom(dp)
             V.log(f"Initializing NIXL Scheduler {eid}", where="nixl_connector.py:443", who=e["name"], pid=ent["pid"])
             for name, pid in (e["workers"] or [(e["name"], ent["pid"])]):
                 V.log("NIXL is available", where="nixl_connector.py:136", who=name, pid=pid)
@@ -100,6 +101,17 @@ class Nixl:
             self._listen(ent)
         threading.Thread(target=self._expire, daemon=True).start()
         threading.Thread(target=self._stats_logger, daemon=True).start()
+
+    def _prom(self, dp):
+        return self.prom.setdefault(dp, {"xfer": [], "post": [], "bytes": [], "descs": [], "failed": 0, "notif": 0,
+                                         "expired": 0})
+
+    def record(self, dp, sample):
+        """A transfer another process's engine made (a headless rank of this instance): its series here."""
+        with self.lock:
+            pr = self._prom(dp)
+            for k in ("xfer", "post", "bytes", "descs"):
+                pr[k].append(sample[k])
 
     def _model_cfg(self):
         try:
@@ -309,7 +321,8 @@ class Nixl:
     # ------------------------------------------------------------ decode side
     def pull(self, dp, rid, params):
         """The decode's remote prefill: handshake (once per remote engine) and the read of the blocks.
-        Returns (tokens received, seconds); on a failed handshake the engine dies (HandshakeDead)."""
+        Returns (tokens received, the transfer's sample for the metrics or None); on a failed handshake
+        the engine dies (HandshakeDead)."""
         V = self.V
         ent = self.engines[dp]
         who, pid = ent["worker"], ent["wpid"]
@@ -318,11 +331,11 @@ class Nixl:
             V.log(f"NIXLConnector get_num_new_matched_tokens: num_computed_tokens=0, kv_transfer_params={params}",
                   "DEBUG", where="nixl_connector.py:580", who=ent["name"], pid=ent["pid"])
         if not blocks:
-            return 0, 0.0
+            return 0, None
         if not all(k in params for k in ("remote_engine_id", "remote_request_id", "remote_host", "remote_port")):
             V.log(f"Got invalid KVTransferParams: {params}. This request will not utilize KVTransfer", "WARNING",
                   where="nixl_connector.py:640", who=ent["name"], pid=ent["pid"])
-            return 0, 0.0
+            return 0, None
         host, port, reid = str(params["remote_host"]), int(params["remote_port"]), params["remote_engine_id"]
         ip = _resolve(host)
         t0 = time.monotonic()
@@ -345,20 +358,16 @@ class Nixl:
             got += len(b)
         s.close()
         dt = time.monotonic() - t0
-        descs = len(blocks) * self.layers
+        sample = {"xfer": dt, "post": min(dt, 0.0002), "bytes": got, "descs": len(blocks) * self.layers}
         with self.lock:
             self.stats["xfer"].append(dt)
             self.stats["bytes"].append(got)
-            self.stats["descs"].append(descs)
-            pr = self.prom[dp]
-            pr["xfer"].append(dt)
-            pr["post"].append(min(dt, 0.0002))
-            pr["bytes"].append(got)
-            pr["descs"].append(descs)
+            self.stats["descs"].append(sample["descs"])
+        self.record(dp, sample)
         if self.debug:
             V.log("Rank 0, get_finished: 0 requests done sending and 1 requests done recving", "DEBUG",
                   where="nixl_connector.py:2225", who=who, pid=pid)
-        return len(blocks) * self.block, dt
+        return len(blocks) * self.block, sample
 
     def _handshake(self, ent, ip, port, reid):
         V = self.V
@@ -482,7 +491,7 @@ class Nixl:
         with self.lock:
             for name, help_, key, buckets in hists:
                 out += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
-                for n, pr in enumerate(self.prom):
+                for n, pr in sorted(self.prom.items()):
                     vals = pr[key]
                     for b in buckets:
                         out.append(f'{name}_bucket{{engine="{n}",le="{b}",{m}}} {float(sum(v <= b for v in vals))}')
@@ -496,7 +505,7 @@ class Nixl:
                                      ("vllm:nixl_num_kv_expired_reqs", "Number of requests that had their KV expire. "
                                       "NOTE: This metric is tracked on the P instance.", "expired")):
                 out += [f"# HELP {name}_total {help_}", f"# TYPE {name}_total counter"]
-                for n, pr in enumerate(self.prom):
+                for n, pr in sorted(self.prom.items()):
                     out.append(f'{name}_total{{engine="{n}",{m}}} {float(pr[key])}')
         return "\n".join(out) + "\n"
 

@@ -91,12 +91,15 @@ SWITCHES = {"headless", "enable-expert-parallel", "async-scheduling", "no-async-
             "disable-log-requests", "disable-log-stats", "enable-log-requests", "enable-chunked-prefill",
             "no-enable-chunked-prefill", "enable-elastic-ep", "enable-sleep-mode"}
 INTS = ("port", "nnodes", "node-rank", "master-port", "max-model-len", "tensor-parallel-size",
+        "data-parallel-size-local", "data-parallel-start-rank", "data-parallel-rpc-port",
         "pipeline-parallel-size", "data-parallel-size", "api-server-count", "max-num-batched-tokens", "block-size",
         "max-num-seqs", "distributed-timeout-seconds")
 DEFAULTS = {"model": None, "port": 8000, "host": None, "nnodes": 1, "node-rank": 0, "master-addr": "127.0.0.1",
             "master-port": 29501, "headless": False, "served-model-name": None, "max-model-len": 98304,
             "gpu-memory-utilization": 0.9, "tensor-parallel-size": 1, "pipeline-parallel-size": 1,
-            "data-parallel-size": 1, "enable-expert-parallel": False, "all2all-backend": None,
+            "data-parallel-size": 1, "data-parallel-size-local": None, "data-parallel-start-rank": 0,
+            "data-parallel-address": None, "data-parallel-rpc-port": 29550,
+            "enable-expert-parallel": False, "all2all-backend": None,
             "api-server-count": 1, "async-scheduling": False, "kv-cache-dtype": "auto",
             "max-num-batched-tokens": 8192, "block-size": 16, "max-num-seqs": 256,
             "distributed-timeout-seconds": 1800}
@@ -130,6 +133,8 @@ def parse(argv):
             args["model"] = a
         i += 1
     for k in INTS:
+        if args[k] is None:  # not given, and vLLM's default is None (--data-parallel-size-local)
+            continue
         try:
             args[k] = int(args[k])
         except (TypeError, ValueError):
@@ -223,6 +228,8 @@ def check_world(args, gpus):
     (ParallelConfig.__post_init__, raised inside pydantic's validation, hence the ValidationError) and
     vllm/v1/engine/utils.py (get_device_indices, one DP rank's slice of the devices)."""
     tp, pp, dp = args["tensor-parallel-size"], args["pipeline-parallel-size"], args["data-parallel-size"]
+    if args["data-parallel-size-local"] is not None:
+        dp = args["data-parallel-size-local"]
     world = tp * pp
     if args["nnodes"] == 1 and world * dp > 1 and len(gpus) < world:
         pre = f"(APIServer pid={os.getpid()}) "
@@ -881,17 +888,11 @@ def make_handler(args, served, key):
             out_params, finish = None, "stop"
             st["running"] += 1
             try:
-                if NIXL and ktp and ktp.get("do_remote_prefill") and ktp.get("remote_block_ids"):
-                    try:
-                        got, _ = NIXL[0].pull(dp, rid, ktp)
-                    except NIXL[1].HandshakeDead:
-                        return self._engine_dead()
-                    # the tokens no full block carried are computed here
-                    time.sleep(max(0, len(ids) - got) * _prefill_us() / 1e6)
-                else:
-                    prefill(ids, args["block-size"], st, rid)
-                if NIXL and ktp and ktp.get("do_remote_decode"):
-                    out_params, finish = NIXL[0].finished_prefill(dp, rid, len(ids)), "length"
+                try:
+                    out_params, finish, _ = (DP_LINK.call if dp in DP_LINK.remote else engine_step)(
+                        args, dp, rid, ids, ktp, st, finish)
+                except EngineDead:
+                    return self._engine_dead()
                 time.sleep(len(words) * _tpot_s(st))
             finally:
                 st["running"] -= 1
@@ -946,6 +947,155 @@ def make_handler(args, served, key):
 
             threading.Thread(target=bye, daemon=True).start()
     return Handler
+
+
+class EngineDead(Exception):
+    """The engine of a DP rank died under a request (vLLM's EngineDeadError follows)."""
+
+
+def engine_step(args, dp, rid, ids, ktp, st, finish):
+    """What the engine of DP rank `dp` does with a request before it decodes: the KV blocks from the
+    prefill instance (NIXL) and the prompt tokens they do not cover, or its own prefill; a prefill
+    instance's request ends there with the kv_transfer_params for the decode side.
+    Returns (kv_transfer_params, finish_reason, the NIXL transfer's sample or None)."""
+    params, sample = None, None
+    if NIXL and ktp and ktp.get("do_remote_prefill") and ktp.get("remote_block_ids"):
+        try:
+            got, sample = NIXL[0].pull(dp, rid, ktp)
+        except NIXL[1].HandshakeDead:
+            raise EngineDead(dp) from None
+        # the tokens no full block carried are computed here
+        time.sleep(max(0, len(ids) - got) * _prefill_us() / 1e6)
+    else:
+        prefill(ids, args["block-size"], st, rid)
+    if NIXL and ktp and ktp.get("do_remote_decode"):
+        params, finish = NIXL[0].finished_prefill(dp, rid, len(ids)), "length"
+    return params, finish, sample
+
+
+class DpLink:
+    """Multi-node data parallel (--data-parallel-size-local below --data-parallel-size): the head's API
+    server reaches the engines of the ranks its headless nodes run, as vLLM's front-end does over ZMQ at
+    --data-parallel-address:--data-parallel-rpc-port. Here one TCP connection per headless node, one
+    JSON line per request and per answer; an engine that dies takes its node's connection down, and
+    the head with it (vLLM: "Engine core proc ... died unexpectedly, shutting down client.")."""
+
+    def __init__(self):
+        self.srv = None
+        self.remote = {}  # DP rank -> the node's connection (head side)
+        self.calls = {}   # call id -> [Event, answer]
+        self.lock = threading.Lock()
+        self.n = 0
+
+    # ------------------------------------------------------------ the head
+    def listen(self, args):
+        self.srv = socket.socket()
+        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.srv.bind((args["data-parallel-address"] or "127.0.0.1", args["data-parallel-rpc-port"]))
+        self.srv.listen(16)
+        self.srv.settimeout(1)
+
+    def wait_ready(self, count, stop):
+        """Until the headless nodes' engines, `count` ranks in all, have started and said so."""
+        debug = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper() == "DEBUG"
+        said = 0.0
+        while len(self.remote) < count and not stop.is_set():
+            if debug and time.time() - said >= 10:
+                said = time.time()
+                log(f"Waiting for 0 local, {count - len(self.remote)} remote core engine proc(s) to start.", "DEBUG",
+                    where="utils.py:975")
+            try:
+                conn, _ = self.srv.accept()
+            except socket.timeout:
+                continue
+            f = conn.makefile("rwb")
+            hello = json.loads(f.readline() or b"{}")
+            node = {"f": f, "wlock": threading.Lock(), "ranks": hello.get("ranks", [])}
+            for r in node["ranks"]:
+                self.remote[r] = node
+            threading.Thread(target=self._answers, args=(node, stop), daemon=True).start()
+
+    def _answers(self, node, stop):
+        for line in node["f"]:
+            a = json.loads(line)
+            with self.lock:
+                call = self.calls.pop(a["id"], None)
+            if call:
+                call[1] = a
+                call[0].set()
+        if not stop.is_set():
+            log(f"Engine core proc EngineCore_DP{node['ranks'][0] if node['ranks'] else '?'} died unexpectedly, "
+                "shutting down client.", "ERROR", where="core_client.py:564")
+            stop_children()
+            os._exit(1)
+
+    def call(self, args, dp, rid, ids, ktp, st, finish):
+        """engine_step on the node that runs rank dp; its NIXL transfer counts in this head's /metrics."""
+        node = self.remote[dp]
+        call = [threading.Event(), None]
+        with self.lock:
+            self.n += 1
+            cid = self.n
+            self.calls[cid] = call
+        with node["wlock"]:
+            node["f"].write((json.dumps({"id": cid, "dp": dp, "rid": rid, "ids": ids, "ktp": ktp, "finish": finish})
+                             + "\n").encode())
+            node["f"].flush()
+        call[0].wait()
+        a = call[1]
+        if a.get("dead"):
+            raise EngineDead(dp)
+        if a.get("sample") and NIXL:
+            NIXL[0].record(dp, a["sample"])
+        return a.get("params"), a.get("finish", finish), a.get("sample")
+
+    # ------------------------------------------------------------ a headless node
+    def join(self, args, dpl, stop):
+        addr = (args["data-parallel-address"] or "127.0.0.1", args["data-parallel-rpc-port"])
+        print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [serve.py:201] Launching {dpl} data parallel engine(s) in "
+              f"headless mode, with head node address tcp://{addr[0]}:{addr[1]}.", flush=True)
+        deadline = time.time() + 300
+        while not stop.is_set():
+            try:
+                self.sock = socket.create_connection(addr, timeout=2)
+                self.sock.settimeout(None)
+                return
+            except OSError:
+                if time.time() > deadline:
+                    fail("Did not receive response from front-end process within 5 minutes", "RuntimeError")
+                time.sleep(0.5)
+        sys.exit(0)
+
+    def serve(self, args, engines):
+        f = self.sock.makefile("rwb")
+        wlock = threading.Lock()
+        f.write((json.dumps({"ranks": [e["dp_rank"] for e in engines]}) + "\n").encode())
+        f.flush()
+
+        def one(req):
+            dp = req["dp"]
+            try:
+                params, finish, sample = engine_step(args, dp, req["rid"], req["ids"], req["ktp"], STATS[dp],
+                                                     req["finish"])
+                a = {"id": req["id"], "params": params, "finish": finish, "sample": sample}
+            except EngineDead:
+                a = {"id": req["id"], "dead": True}
+            with wlock:
+                f.write((json.dumps(a) + "\n").encode())
+                f.flush()
+            if a.get("dead"):
+                stop_children()
+                os._exit(1)
+
+        for line in f:
+            threading.Thread(target=one, args=(json.loads(line),), daemon=True).start()
+        print(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [core.py:1084] The front-end process at the head went away; "
+              "shutting down", flush=True)
+        stop_children()
+        sys.exit(1)
+
+
+DP_LINK = DpLink()
 
 
 TPOT_ENV = "RAILYARD_LAB_DECODE_MS_PER_TOKEN"  # the modeled time of one output token with one request running
@@ -1030,7 +1180,10 @@ def main(argv):
                           args["nnodes"])
     ep = bool(args["enable-expert-parallel"])
     gpus = visible_gpus()
-    if rank == 0:
+    dpl = dp if args["data-parallel-size-local"] is None else args["data-parallel-size-local"]
+    start = args["data-parallel-start-rank"]
+    dp_headless = bool(args["headless"]) and nnodes == 1  # multi-node data parallel: this node's ranks, no API
+    if rank == 0 and not dp_headless:
         log(f"vLLM API server version {VERSION}", where="api_server.py:1894")
         extra = "".join(f", '{k.replace('-', '_')}': {args[k]!r}" for k in (
             "pipeline-parallel-size", "data-parallel-size", "enable-expert-parallel", "all2all-backend",
@@ -1053,12 +1206,16 @@ def main(argv):
         fail("CUDA error: invalid device ordinal", "torch.AcceleratorError")
     uniproc = tp * pp * dp * nnodes == 1  # one GPU, no workers: the engine core runs the model itself
     engines = [{"dp_rank": d, "dp_size": dp, "name": f"EngineCore_DP{d}" if dp > 1 else "EngineCore",
-                "gpus": gpus[d * local:(d + 1) * local], "pid": None, "workers": []}
-               for d in (range(dp) if rank == 0 else range(1))]
+                "gpus": gpus[(d - start) * local:(d - start + 1) * local], "pid": None, "workers": []}
+               for d in (range(start, start + dpl) if rank == 0 else range(1))]
     if rank == 0 and not uniproc:
         for e in engines:
             e["pid"] = spawn(e["name"])
     free_check(args, engines)
+    if dp_headless:
+        DP_LINK.join(args, dpl, stop)
+    elif dpl < dp:
+        DP_LINK.listen(args)
     peer_sockets = []
     if rank == 0:
         if nnodes > 1:
@@ -1107,8 +1264,12 @@ def main(argv):
         log(f"GPU KV cache size: {tokens:,} tokens", where="kv_cache_utils.py:1087", who=e["name"], pid=e["pid"])
         log(f"Maximum concurrency for {args['max-model-len']:,} tokens per request: "
             f"{tokens / args['max-model-len']:.2f}x", where="kv_cache_utils.py:1091", who=e["name"], pid=e["pid"])
-    STATS[:] = [dict(dict.fromkeys(STAT_KEYS, 0), kv=0.0) for _ in engines]
+    STATS[:] = [dict(dict.fromkeys(STAT_KEYS, 0), kv=0.0) for _ in range(max(dp, start + len(engines)))]
     kv_transfer(args, engines, served, [kv_cache(args, e, weights, per_token)[0] for e in engines])
+    if dp_headless:
+        DP_LINK.serve(args, engines)  # until the head goes away
+    if DP_LINK.srv:
+        DP_LINK.wait_ready(dp - dpl, stop)
     key = os.environ.get("VLLM_API_KEY") or None
     host = args["host"] or "0.0.0.0"
     httpd = ThreadingHTTPServer((host, args["port"]), make_handler(args, served, key))
