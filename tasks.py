@@ -236,6 +236,7 @@ def plan(c, inventory=None, model=None, gpu_memory_gib=None, gpus=None, context=
 ns.add_task(plan)
 ns.add_task(recover)
 ns.add_task(render)
+ns.add_task(export)
 
 
 @task(help={"inventory": INVENTORY, "out": "the archive to write (default: railyard-collect-<deployment>-<stamp>.tar.gz)",

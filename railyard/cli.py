@@ -265,6 +265,22 @@ def launch_script(inventory: str | None = None, out: str | None = None, override
 
 
 @entry
+def export(inventory: str | None = None, to: str | None = None, out: str | None = None,
+           model_volume: str | None = None, rdma_resource: str | None = None, overrides=None) -> int:
+    from .errors import UsageError
+    from .export import TARGETS
+    from .export import export as run
+    if not to:
+        raise UsageError(f"--to: one of {', '.join(TARGETS)}")
+    if not out:
+        raise UsageError("--out DIR: where to write the manifests or the batch script")
+    paths = run(_inventory(inventory, overrides), to, out, model_volume, rdma_resource)
+    how = "kubectl apply -f" if to == "lws" else "sbatch"
+    console().print(f"wrote {', '.join(str(p) for p in paths)}; no host was contacted. Run: {how} {paths[0]}")
+    return 0
+
+
+@entry
 def unlock(inventory: str | None = None, overrides=None) -> int:
     from .launch import unlock as run
     from .ops.lock import lock_host

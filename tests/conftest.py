@@ -106,8 +106,9 @@ def inv_cmd(*args: str, env: dict | None = None, timeout: float = 120) -> subpro
                           env=full_env, timeout=timeout)
 
 
-def pd_inventory(lab_path, out):
-    """The 3-host hgx8 lab inventory as pools: prefill A and B (2 instances each), decode C."""
+def pd_inventory(lab_path, out, wide=False):
+    """The 3-host hgx8 lab inventory as pools: prefill A and B (2 instances each), decode C; wide:
+    prefill A, and one DP16 decode instance over B (its head) and C (headless)."""
     import yaml
     data = yaml.safe_load(open(lab_path).read())
     hosts = data["all"]["children"]["lab"]["hosts"]
@@ -116,6 +117,12 @@ def pd_inventory(lab_path, out):
         "prefill": {"vars": {"pd_instances_per_host": 2}, "hosts": {h: hosts[h] for h in ("A", "B")}},
         "decode": {"hosts": {"C": hosts["C"]}},
     }
+    if wide:
+        data["all"]["children"] = {
+            "prefill": {"vars": {"pd_instances_per_host": 2}, "hosts": {"A": hosts["A"]}},
+            "decode": {"vars": {"pd_hosts_per_instance": 2, "vllm_data_parallel_size": 16},
+                       "hosts": {h: hosts[h] for h in ("B", "C")}},
+        }
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
 

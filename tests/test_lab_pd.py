@@ -150,12 +150,7 @@ def test_a_killed_prefill_instance_is_routed_around_and_named_by_health(pd):
 
 
 def test_a_decode_instance_over_two_hosts_serves_and_dies_whole(pd):
-    data = yaml.safe_load(pd.read_text())
-    pools = data["all"]["children"]
-    pools["decode"]["hosts"] = {"B": pools["prefill"]["hosts"].pop("B"), **pools["decode"]["hosts"]}  # B heads it
-    pools["decode"]["vars"] = {"pd_hosts_per_instance": 2, "vllm_data_parallel_size": 16}
-    two = pd.parent / "pd-two-host-decode.yml"
-    two.write_text(yaml.safe_dump(data, sort_keys=False))
+    two = pd_inventory(pd.parent / "inventory.yml", pd.parent / "pd-wide.yml", wide=True)
     remove_all()
     assert inv(two, "env").returncode == 0
     r = inv(two, "launch")

@@ -105,8 +105,11 @@ def _layout(d) -> list[str]:
 
 
 def _inventory(d, inv_path):
-    """inventory=pd: the 3-host lab as prefill (A, B) and decode (C) pools, beside the lab's own."""
-    return pd_inventory(inv_path, inv_path.parent / "pd.yml") if d.get("inventory") == "pd" else inv_path
+    """inventory=pd: the 3-host lab as prefill (A, B) and decode (C) pools, beside the lab's own;
+    inventory=pd-wide: prefill A, one decode instance over B and C."""
+    if d.get("inventory") in ("pd", "pd-wide"):
+        return pd_inventory(inv_path, inv_path.parent / f"{d['inventory']}.yml", wide=d["inventory"] == "pd-wide")
+    return inv_path
 
 
 def _setup(d, inv_path):
