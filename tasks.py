@@ -80,6 +80,16 @@ def launch_script(c, inventory=None, out=None, set_=None):
     cli.launch_script(inventory, out, set_)
 
 
+@task(help={"inventory": INVENTORY, "to": "lws (Kubernetes LeaderWorkerSet manifests) or slurm (an sbatch script)",
+            "out": "write the files into DIR (created if missing)",
+            "model-volume": "lws: the checkpoint's volume, pvc:CLAIM or hostPath:/PATH (default: pvc:<deployment>-model)",
+            "rdma-resource": "lws: the RDMA device plugin's resource (default rdma/rdma_shared_device_a)", "set": SET},
+      iterable=["set_"])
+def export(c, inventory=None, to=None, out=None, model_volume=None, rdma_resource=None, set_=None):
+    """Render the plan for a scheduler that runs it: Kubernetes (LWS) manifests or a Slurm batch script; no SSH."""
+    cli.export(inventory, to, out, model_volume, rdma_resource, set_)
+
+
 @task(help={"inventory": INVENTORY, "set": SET}, iterable=["set_"])
 def unlock(c, inventory=None, set_=None):
     """Remove the operator lock on the head (launch, start, stop and sync-model take it), naming its owner."""

@@ -149,19 +149,8 @@ def render_compose(inv: Inventory, out_dir: str) -> list[Path]:
         files = compose.render(plan)
     except ValueError as e:
         raise UsageError(f"--compose: {e}") from None
-    d = Path(out_dir)
-    written = []
-    try:
-        for rel, text in files.items():
-            path = d / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(text)
-            tmp.replace(path)
-            written.append(path)
-    except OSError as e:
-        raise UsageError(f"--compose {out_dir}: {e.strerror}") from None
-    return written
+    from .export import write
+    return write(files, out_dir, "--compose")
 
 
 def recover(inv: Inventory, replica: str | None, dry_run: bool, timeout: float | None, drain_timeout: float,

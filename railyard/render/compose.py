@@ -10,22 +10,21 @@ the environment section); rendered files (the router's config) are written besid
 
 from __future__ import annotations
 
-import shlex
-
 import yaml
 
 from ..serving.spec import LaunchPlan, Service
-from .docker import refs, value
+from . import walk
+from .docker import refs
+from .walk import value
 
 COMPOSE_FILE = "docker-compose.yml"
 
 
 def _healthcheck(svc: Service) -> dict | None:
-    paths = [g for g in svc.ready if g.kind == "http"]
-    if not paths:
+    addr = walk.local_address(svc.spec.bind)
+    urls = [f"http://{addr}:{port}{path}" for port, path in walk.http_gates(svc)]
+    if not urls:
         return None
-    addr = "127.0.0.1" if svc.spec.bind in ("", "0.0.0.0", "::") else svc.spec.bind
-    urls = [f"http://{addr}:{g.port or svc.spec.ports[0]}{g.path}" for g in paths]
     probe = "; ".join(f"urllib.request.urlopen({u!r}, timeout=5).read()" for u in urls)
     return {"test": ["CMD", "python3", "-c", f"import urllib.request; {probe}"], "interval": "10s",
             "timeout": "10s", "retries": 360, "start_period": "60s"}
@@ -33,14 +32,11 @@ def _healthcheck(svc: Service) -> dict | None:
 
 def _entry(plan: LaunchPlan, svc: Service) -> tuple[list[str], list[str]]:
     """entrypoint and command: the program itself, or its shell reading the secrets first."""
-    spec = svc.spec
-    r = refs(plan, svc)
-    words = [value(a, r) for a in spec.command]
-    if not (spec.setup or spec.secrets):
+    words = walk.words(svc, refs(plan, svc))
+    script = walk.entry(svc.spec, words, lambda s: f"/run/secrets/{_secret_name(s.env)}")
+    if script is None:
         return [words[0]], words[1:]
-    lines = list(spec.setup) + [f'export {s.env}="$(cat /run/secrets/{_secret_name(s.env)})"' for s in spec.secrets]
-    lines.append("exec " + " ".join(shlex.quote(w) for w in words))
-    return [spec.shell, "-c"], ["; ".join(lines).replace("$", "$$")]  # $$: compose's own interpolation
+    return [svc.spec.shell, "-c"], [script.replace("$", "$$")]  # $$: compose's own interpolation
 
 
 def _secret_name(env: str) -> str:
@@ -59,62 +55,59 @@ def render(plan: LaunchPlan) -> dict[str, str]:
     services: dict[str, dict] = {}
     files: dict[str, str] = {}
     secrets: dict[str, dict] = {}
-    before: list[Service] = []
-    for stage in plan.stages:
-        for svc in stage.services:
-            spec = svc.spec
-            entrypoint, command = _entry(plan, svc)
-            doc: dict = {"image": spec.image, "container_name": spec.name, "entrypoint": entrypoint,
-                         "command": command}
-            if spec.host_network:
-                doc["network_mode"] = "host"
-            if spec.host_ipc:
-                doc["ipc"] = "host"
-            if spec.shm_size:
-                doc["shm_size"] = spec.shm_size
-            if spec.cpuset:
-                doc["cpuset"] = spec.cpuset
-            limits = {n: int(v) for n, v in spec.ulimits}
-            if spec.rdma and spec.rdma.memlock_unlimited:
-                limits["memlock"] = -1
-            if limits:
-                doc["ulimits"] = {n: {"soft": v, "hard": v} for n, v in limits.items()}
-            if spec.rdma:
-                doc["devices"] = list(spec.rdma.devices)
-                if spec.rdma.ipc_lock:
-                    doc["cap_add"] = ["IPC_LOCK"]
-            env = {k: value(v, refs(plan, svc)) for k, v in spec.env}
-            if env:
-                doc["environment"] = env
-            mounted = {f.host_path.rsplit("/", 1)[0] for f in spec.files}
-            vols = []
-            for m in spec.mounts:
-                if m.source in mounted:  # the folder of rendered files: this project's copy of it
-                    vols.append(f"./{svc.name}:{m.target}" + (":ro" if m.read_only else ""))
-                else:
-                    vols.append(f"{m.source}:{m.target}" + (":ro" if m.read_only else ""))
-            if vols:
-                doc["volumes"] = vols
-            for f in spec.files:
-                files[_local(f.host_path, plan, svc)[2:]] = f.content
-            if spec.secrets:
-                doc["secrets"] = [_secret_name(s.env) for s in spec.secrets]
-                for s in spec.secrets:
-                    secrets[_secret_name(s.env)] = {"file": s.host_file}
-            if spec.gpus.count:
-                dev = {"driver": "nvidia", "capabilities": ["gpu"]}
-                dev.update({"device_ids": list(spec.gpus.uuids)} if spec.gpus.uuids else {"count": spec.gpus.count})
-                doc["deploy"] = {"resources": {"reservations": {"devices": [dev]}}}
-            if spec.labels:
-                doc["labels"] = dict(spec.labels)
-            hc = _healthcheck(svc)
-            if hc:
-                doc["healthcheck"] = hc
-            if before:
-                doc["depends_on"] = {b.name: {"condition": "service_healthy" if _healthcheck(b) else "service_started"}
-                                     for b in before}
-            services[svc.name] = doc
-        before = list(stage.services)
+    for svc, before in walk.in_order(plan):
+        spec = svc.spec
+        entrypoint, command = _entry(plan, svc)
+        doc: dict = {"image": spec.image, "container_name": spec.name, "entrypoint": entrypoint,
+                     "command": command}
+        if spec.host_network:
+            doc["network_mode"] = "host"
+        if spec.host_ipc:
+            doc["ipc"] = "host"
+        if spec.shm_size:
+            doc["shm_size"] = spec.shm_size
+        if spec.cpuset:
+            doc["cpuset"] = spec.cpuset
+        limits = {n: int(v) for n, v in spec.ulimits}
+        if spec.rdma and spec.rdma.memlock_unlimited:
+            limits["memlock"] = -1
+        if limits:
+            doc["ulimits"] = {n: {"soft": v, "hard": v} for n, v in limits.items()}
+        if spec.rdma:
+            doc["devices"] = list(spec.rdma.devices)
+            if spec.rdma.ipc_lock:
+                doc["cap_add"] = ["IPC_LOCK"]
+        env = {k: value(v, refs(plan, svc)) for k, v in spec.env}
+        if env:
+            doc["environment"] = env
+        mounted = {f.host_path.rsplit("/", 1)[0] for f in spec.files}
+        vols = []
+        for m in spec.mounts:
+            if m.source in mounted:  # the folder of rendered files: this project's copy of it
+                vols.append(f"./{svc.name}:{m.target}" + (":ro" if m.read_only else ""))
+            else:
+                vols.append(f"{m.source}:{m.target}" + (":ro" if m.read_only else ""))
+        if vols:
+            doc["volumes"] = vols
+        for f in spec.files:
+            files[_local(f.host_path, plan, svc)[2:]] = f.content
+        if spec.secrets:
+            doc["secrets"] = [_secret_name(s.env) for s in spec.secrets]
+            for s in spec.secrets:
+                secrets[_secret_name(s.env)] = {"file": s.host_file}
+        if spec.gpus.count:
+            dev = {"driver": "nvidia", "capabilities": ["gpu"]}
+            dev.update({"device_ids": list(spec.gpus.uuids)} if spec.gpus.uuids else {"count": spec.gpus.count})
+            doc["deploy"] = {"resources": {"reservations": {"devices": [dev]}}}
+        if spec.labels:
+            doc["labels"] = dict(spec.labels)
+        hc = _healthcheck(svc)
+        if hc:
+            doc["healthcheck"] = hc
+        if before:
+            doc["depends_on"] = {b.name: {"condition": "service_healthy" if _healthcheck(b) else "service_started"}
+                                 for b in before}
+        services[svc.name] = doc
     project: dict = {"x-railyard": {"deployment": plan.deployment, "layout": plan.layout}, "services": services}
     if secrets:
         project["secrets"] = secrets

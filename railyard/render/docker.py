@@ -7,8 +7,10 @@ carries the spec hash so `inv launch` can tell a running container of the same p
 
 from __future__ import annotations
 
-from ..serving.spec import GpuRequest, LaunchPlan, Ref, Service, Value, spec_hash
+from ..serving.spec import GpuRequest, LaunchPlan, Service, spec_hash
 from ..transport import q
+from . import walk
+from .walk import value
 
 HASH_LABEL = "railyard.config"
 
@@ -23,8 +25,6 @@ def refs(plan: LaunchPlan, svc: Service) -> dict[str, str]:
             "gid_index": dict(svc.facts).get("gid_index", "")}
 
 
-def value(v: Value, resolved: dict[str, str]) -> str:
-    return resolved[v.name] if isinstance(v, Ref) else str(v)
 
 
 def config_hash(plan: LaunchPlan, svc: Service) -> str:
@@ -38,19 +38,16 @@ def gpus_flag(g: GpuRequest) -> str:
     return f"device={g.uuids[0]}" if len(g.uuids) == 1 else '"device=' + ",".join(g.uuids) + '"'
 
 
-def entry_script(plan: LaunchPlan, svc: Service) -> str:
+def entry_script(plan: LaunchPlan, svc: Service, resolved: dict[str, str] | None = None) -> str:
     """What `bash -lc` runs in the image: its setup lines, each secret from its file, then the program."""
-    r = refs(plan, svc)
-    lines = list(svc.spec.setup)
-    for s in svc.spec.secrets:
-        lines.append(f'if [ -s {q(s.target)} ]; then export {s.env}="$(cat {q(s.target)})"; fi')
-    lines.append("exec " + " ".join(q(value(a, r)) for a in svc.spec.command))
-    return "; ".join(lines)
+    r = resolved if resolved is not None else refs(plan, svc)
+    return walk.entry(svc.spec, walk.words(svc, r), lambda s: s.target, optional=True) or ""
 
 
-def run_argv(plan: LaunchPlan, svc: Service, with_hash: bool = True) -> list[str]:
+def run_argv(plan: LaunchPlan, svc: Service, with_hash: bool = True, resolved: dict[str, str] | None = None) -> list[str]:
+    """resolved: what each Ref is, when not a docker host's values (a Slurm node's, found when its step starts)."""
     spec = svc.spec
-    r = refs(plan, svc)
+    r = resolved if resolved is not None else refs(plan, svc)
     argv = ["docker", "run", "-d", "--name", spec.name]
     if with_hash:
         argv += ["--label", f"{HASH_LABEL}={spec_hash(spec, r)}"]
@@ -83,7 +80,7 @@ def run_argv(plan: LaunchPlan, svc: Service, with_hash: bool = True) -> list[str
         argv += ["-v", f"{s.host_file}:{s.target}:ro"]
     if spec.setup or spec.secrets:
         argv += ["--entrypoint", spec.shell, spec.image, "-lc" if spec.shell == "bash" else "-c",
-                 entry_script(plan, svc)]
+                 entry_script(plan, svc, r)]
     else:
         argv += ["--entrypoint", value(spec.command[0], r), spec.image] + [value(a, r) for a in spec.command[1:]]
     return argv

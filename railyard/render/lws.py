@@ -1,0 +1,405 @@
+"""A plan as Kubernetes manifests: a LeaderWorkerSet per multi-node group (the head leads, the workers
+run `--headless`), a Deployment per one-host service, a DisaggregatedSet for prefill/decode pools,
+a Service for the endpoint, the router's files in a ConfigMap.
+
+    text = render(plan, ModelVolume.parse("pvc:glm-weights"))   # one YAML stream, in apply order
+
+The same program, arguments and environment as `inv launch`'s docker run; what differs per target
+is symbolic: the group's head address, rank and size are LWS's `$(LWS_LEADER_ADDRESS)`,
+`$(LWS_WORKER_INDEX)` and `$(LWS_GROUP_SIZE)`; the rank's own rail address and its RoCE v2 GID index
+are found in the pod when it starts (the rail's IPv4, sysfs GID table), as railyard finds them
+over SSH. GPUs and RDMA are resource requests, IPC_LOCK a capability, /dev/shm a memory-backed
+volume, secrets Secret volumes at the paths the program reads (the user creates the Secret; no
+value is ever in a manifest). railyard does not install the LWS controller or apply anything.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import yaml
+
+from ..errors import UsageError
+from ..serving.spec import LaunchPlan, Secret, Service, is_loopback
+from ..transport import q
+from . import walk
+
+DEFAULT_RDMA_RESOURCE = "rdma/rdma_shared_device_a"  # the NVIDIA network operator's shared RDMA device plugin
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+DS_API = "disaggregatedset.x-k8s.io/v1"
+SET_LABEL = "leaderworkerset.sigs.k8s.io/name"
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+NODE_ADDR_FILE = "/tmp/railyard-node-addr"
+
+_LWS_REFS = {"head_addr": "$(LWS_LEADER_ADDRESS)", "node_rank": "$(LWS_WORKER_INDEX)", "group_size": "$(LWS_GROUP_SIZE)"}
+_SHELL_VARS = {"node_addr": "RAILYARD_NODE_ADDR", "gid_index": "RAILYARD_GID_INDEX"}
+
+# The pod's own facts, as `inv env` reads them over SSH: the rail's IPv4 (SIOCGIFADDR) and the index of
+# the RoCE v2 GID holding it (/sys/class/infiniband/HCA/ports/1/gids and gid_attrs/types).
+NODE_FACTS_PY = """import fcntl, glob, ipaddress, os, socket, struct, sys
+iface, hca = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    ip = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", iface[:15].encode()))[20:24])
+except OSError:
+    sys.exit("railyard: no IPv4 address on " + iface + " in this pod (hostNetwork, and the rail up?)")
+want, d, gid = ipaddress.ip_address("::ffff:" + ip), "/sys/class/infiniband/" + hca + "/ports/1", "-"
+for p in sorted(glob.glob(d + "/gids/*"), key=lambda p: int(os.path.basename(p))):
+    n = os.path.basename(p)
+    try:
+        if ipaddress.ip_address(open(p).read().strip()) == want and open(d + "/gid_attrs/types/" + n).read().strip().lower() == "roce v2":
+            gid = n
+            break
+    except (OSError, ValueError):
+        pass
+print(ip, gid)"""
+
+PROBE_PY = ("import sys, urllib.request; h = sys.argv[1]; h = open(h[1:]).read().strip() if h.startswith('@') else h; "
+            "[urllib.request.urlopen('http://%s:%s%s' % (h, p, u), timeout=5).read() "
+            "for p, u in zip(sys.argv[2::2], sys.argv[3::2])]")
+
+
+@dataclass(frozen=True)
+class ModelVolume:
+    kind: str  # pvc | hostPath
+    name: str  # the claim, or the path on the node
+
+    @classmethod
+    def parse(cls, text: str, flag: str = "--model-volume") -> "ModelVolume":
+        kind, sep, name = text.partition(":")
+        if not sep or kind not in ("pvc", "hostPath") or not name:
+            raise UsageError(f"{flag} {text!r}: expected pvc:CLAIM or hostPath:/PATH (where the checkpoint is)")
+        if kind == "hostPath" and not name.startswith("/"):
+            raise UsageError(f"{flag} {text!r}: a hostPath must be absolute")
+        if kind == "pvc" and not _DNS.match(name):
+            raise UsageError(f"{flag} {text!r}: {name!r} is not a Kubernetes object name")
+        return cls(kind, name)
+
+    def volume(self) -> dict:
+        if self.kind == "pvc":
+            return {"name": "model", "persistentVolumeClaim": {"claimName": self.name, "readOnly": True}}
+        return {"name": "model", "hostPath": {"path": self.name, "type": "Directory"}}
+
+
+_DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def k8s_name(*parts: str) -> str:
+    """A DNS-1123 label from the parts: lower case, `-` for anything else, at most 63 characters."""
+    s = re.sub(r"[^a-z0-9-]+", "-", "-".join(p for p in parts if p).lower()).strip("-")
+    return s[:63].rstrip("-")
+
+
+def secret_name(plan: LaunchPlan, s: Secret) -> str:
+    """The Secret the user creates for it: `kubectl create secret generic NAME --from-file=value=FILE`."""
+    return k8s_name(plan.deployment, s.env.replace("_", "-"))
+
+
+class _Pods:
+    def __init__(self, plan: LaunchPlan, model: ModelVolume, rdma_resource: str):
+        self.plan, self.model, self.rdma_resource = plan, model, rdma_resource
+        self.config_maps: dict[str, dict[str, str]] = {}
+
+    def template(self, svc: Service, labels: dict[str, str], rewrite: dict[str, str] | None = None) -> dict:
+        """The pod template of one service. rewrite: words to replace in its program (the router's
+        backend URLs, which are Services here)."""
+        spec = svc.spec
+        markers = {name: walk.token("ref_" + name) for name in
+                   ("head_addr", "node_rank", "group_size", "node_addr", "gid_index")}
+        resolved = dict(markers, port=str(spec.ports[0]) if spec.ports else "", model_dir=_model_target(svc))
+        argv = [_local(w, svc, markers["node_addr"]) for w in walk.words(svc, resolved)]
+        if rewrite:  # a pool's instances are one Service here: each backend flag once
+            argv = _unique_pairs([rewrite.get(w, w) for w in argv], set(rewrite.values()))
+        env, exports = [], []
+        for k, v in spec.env:
+            text = _local(walk.value(v, resolved), svc, markers["node_addr"])
+            if walk.tokens_in(text) & {"ref_node_addr", "ref_gid_index", "gid_index"}:
+                exports.append(f"export {k}={q(text)}")
+            else:
+                env.append({"name": k, "value": text})
+        needed = walk.tokens_in(" ".join(argv + exports))
+        before = []
+        if needed & {"ref_node_addr", "ref_gid_index", "gid_index"} or _node_bound(svc):
+            before += self._node_facts(svc, needed)
+        before += _limits(svc)
+        script = walk.entry(spec, argv, lambda s: s.target, before=tuple(before + exports))
+
+        def symbols(text: str, shell: bool) -> str:
+            def by(name: str) -> str:
+                name = name.removeprefix("ref_")
+                if name in _LWS_REFS:
+                    return _LWS_REFS[name]
+                if name in _SHELL_VARS and shell:
+                    return "'\"$$" + _SHELL_VARS[name] + "\"'"  # out of the single quotes; $$: kubelet's escape
+                raise UsageError(f"--to lws: {svc.name}: {name} is known only on the node; it cannot be in a "
+                                 "program run without a shell")
+            return walk.replace_tokens(text.replace("$", "$$"), by)
+
+        container: dict = {"name": k8s_name(svc.name), "image": spec.image}
+        if script is None:
+            container["command"] = [symbols(w, False) for w in argv]
+        else:
+            container["command"] = [spec.shell, "-c", symbols(script, True)]
+        if spec.ports:
+            container["ports"] = [{"containerPort": p, "protocol": "TCP"} for p in spec.ports]
+        limits = {}
+        if spec.gpus.count and svc.expects("gpu_process", "required") == "required":
+            limits["nvidia.com/gpu"] = spec.gpus.count
+        elif spec.gpus.count:  # another service's GPUs (LMCache maps the replicas' memory): all of the node's, none its own
+            env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
+        if spec.rdma:
+            limits[self.rdma_resource] = 1
+        if env:
+            container["env"] = [{"name": e["name"], "value": symbols(e["value"], False)} for e in env]
+        if limits:
+            container["resources"] = {"limits": limits, "requests": dict(limits)}
+        if spec.rdma and spec.rdma.ipc_lock:
+            container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+        mounts, volumes = self._volumes(svc)
+        if mounts:
+            container["volumeMounts"] = mounts
+        probe = self._probe(svc)
+        if probe:
+            container["readinessProbe"] = probe
+        pod: dict = {}
+        if spec.host_network:
+            pod.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
+        if spec.host_ipc:
+            pod["hostIPC"] = True
+        pod["containers"] = [container]
+        if volumes:
+            pod["volumes"] = volumes
+        return {"metadata": {"labels": labels}, "spec": pod}
+
+    def _node_facts(self, svc: Service, needed: set[str]) -> list[str]:
+        env = dict(svc.spec.env)
+        iface, hca = env.get("NCCL_SOCKET_IFNAME"), env.get("NCCL_IB_HCA")
+        if not (isinstance(iface, str) and isinstance(hca, str)):
+            raise UsageError(f"--to lws: {svc.name} needs its rail's address but its environment names no "
+                             "NCCL_SOCKET_IFNAME and NCCL_IB_HCA")
+        lines = [f"f=\"$(python3 -c {q(NODE_FACTS_PY)} {q(iface)} {q(hca)})\" || exit 1",
+                 'RAILYARD_NODE_ADDR="${f% *}"; RAILYARD_GID_INDEX="${f#* }"',
+                 f'printf "%s\\n" "$RAILYARD_NODE_ADDR" > {NODE_ADDR_FILE}']
+        if needed & {"ref_gid_index", "gid_index"}:
+            lines.append(f'if [ "$RAILYARD_GID_INDEX" = - ]; then echo "railyard: no RoCE v2 GID for '
+                         f'$RAILYARD_NODE_ADDR on {hca} (fix: RoCE v2 enabled, the address on {iface})" >&2; exit 1; fi')
+        return lines
+
+    def _volumes(self, svc: Service) -> tuple[list[dict], list[dict]]:
+        spec = svc.spec
+        mounts, volumes = [], []
+        rendered = {f.host_path.rsplit("/", 1)[0]: [] for f in spec.files}
+        for f in spec.files:
+            rendered[f.host_path.rsplit("/", 1)[0]].append(f)
+        for i, m in enumerate(spec.mounts):
+            if m.kind == "model":
+                mounts.append({"name": "model", "mountPath": m.target, "readOnly": True})
+                volumes.append(self.model.volume())
+            elif m.source in rendered:
+                name = k8s_name(self.plan.deployment, svc.name, "files")
+                self.config_maps[name] = {f.host_path.rsplit("/", 1)[1]: f.content for f in rendered[m.source]}
+                mounts.append({"name": "files", "mountPath": m.target, "readOnly": True})
+                volumes.append({"name": "files", "configMap": {"name": name}})
+            else:  # the service's own state (caches, scratch): the pod's, gone with it
+                mounts.append({"name": f"state-{i}", "mountPath": m.target})
+                volumes.append({"name": f"state-{i}", "emptyDir": {}})
+        for i, s in enumerate(spec.secrets):
+            mounts.append({"name": f"secret-{i}", "mountPath": s.target, "subPath": "value", "readOnly": True})
+            volumes.append({"name": f"secret-{i}", "secret": {"secretName": secret_name(self.plan, s),
+                                                                "defaultMode": 0o400}})
+        if spec.host_ipc or spec.shm_size:
+            shm: dict = {"medium": "Memory"}
+            if spec.shm_size:
+                shm["sizeLimit"] = _quantity(spec.shm_size)
+            mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+            volumes.append({"name": "dshm", "emptyDir": shm})
+        return mounts, volumes
+
+    def _probe(self, svc: Service) -> dict | None:
+        """The ready gates as a readiness probe that is a real request: GET each path (python3 in the image,
+        so a loopback or rail bind is probed where it listens, not on the pod IP)."""
+        gates = walk.http_gates(svc)
+        if not gates:
+            return None
+        host = "@" + NODE_ADDR_FILE if _node_bound(svc) else walk.local_address(svc.spec.bind)
+        argv = ["python3", "-c", PROBE_PY, host] + [x for p, path in gates for x in (str(p), path)]
+        return {"exec": {"command": argv}, "initialDelaySeconds": 30, "periodSeconds": 10, "timeoutSeconds": 10,
+                "failureThreshold": 3}
+
+
+def _unique_pairs(argv: list[str], values: set[str]) -> list[str]:
+    """Drop a `--flag VALUE` pair seen before, for VALUE in values."""
+    out, seen = [], set()
+    i = 0
+    while i < len(argv):
+        if i + 1 < len(argv) and argv[i + 1] in values:
+            pair = (argv[i], argv[i + 1])
+            if pair not in seen:
+                seen.add(pair)
+                out += list(pair)
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def _model_target(svc: Service) -> str:
+    return next((m.target for m in svc.spec.mounts if m.kind == "model"), "")
+
+
+def _node_bound(svc: Service) -> bool:
+    """Binds the rail address of its host (pd's instances): found in the pod."""
+    return bool(svc.address) and svc.spec.bind == svc.address
+
+
+def _local(text: str, svc: Service, marker: str) -> str:
+    """The service's own rail address (a literal of the plan) as the marker of its node address."""
+    if svc.address and svc.address in text:
+        return re.sub(r"(?<![\d.])" + re.escape(svc.address) + r"(?![\d.])", marker, text)
+    return text
+
+
+def _limits(svc: Service) -> list[str]:
+    """docker's --ulimit flags as the shell's ulimit (a pod has no such field): raised where the
+    runtime allows, else a warning naming it."""
+    out = []
+    limits = dict(svc.spec.ulimits)
+    if svc.spec.rdma and svc.spec.rdma.memlock_unlimited:
+        limits["memlock"] = "-1"
+    for name, v in limits.items():
+        flag, want = {"stack": ("-s", str(int(v) // 1024) if v != "-1" else "unlimited"),
+                      "memlock": ("-l", "unlimited" if v == "-1" else str(int(v) // 1024))}.get(name, (None, None))
+        if flag:
+            out.append(f'ulimit {flag} {want} 2>/dev/null || echo "railyard: cannot raise the {name} limit to {want} '
+                       f'(now $(ulimit {flag})): raise it in the container runtime (containerd: Limit{name.upper()})" >&2')
+    return out
+
+
+def _quantity(size: str) -> str:
+    """docker's 32g as a Kubernetes quantity: 32Gi."""
+    m = re.fullmatch(r"(\d+)([kmgt]?)b?", size.lower())
+    if not m:
+        return size
+    return m.group(1) + {"": "", "k": "Ki", "m": "Mi", "g": "Gi", "t": "Ti"}[m.group(2)]
+
+
+def _meta(plan: LaunchPlan, name: str, extra: dict | None = None) -> dict:
+    labels = {"app.kubernetes.io/managed-by": "railyard", "railyard.io/deployment": k8s_name(plan.deployment)}
+    labels.update(extra or {})
+    return {"name": name, "labels": labels}
+
+
+def _labels(plan: LaunchPlan, svc_or_role: str) -> dict[str, str]:
+    return {"railyard.io/deployment": k8s_name(plan.deployment), "railyard.io/service": k8s_name(svc_or_role)}
+
+
+def render(plan: LaunchPlan, model: ModelVolume, rdma_resource: str = DEFAULT_RDMA_RESOURCE) -> str:
+    pods = _Pods(plan, model, rdma_resource)
+    ep = plan.endpoint
+    ep_svc = plan.service(ep.service)
+    if is_loopback(ep_svc.spec.bind):
+        raise UsageError(f"--to lws: the endpoint {ep.service} binds {ep_svc.spec.bind}, which a Kubernetes Service "
+                         "cannot reach: set its bind (vllm_bind, litellm_bind or pd_proxy_bind) to 0.0.0.0 or the "
+                         "node's address (its API key stays required)")
+    objects: list[dict] = []
+    done: set[str] = set()
+    selectors: dict[str, dict[str, str]] = {}
+    pools = {s.role: [] for s in plan.services() if s.role in ("prefill", "decode")}
+    for s in plan.services():
+        if s.role in pools and (not s.group or s.rank in (None, 0)):
+            pools[s.role].append(s)
+    rewrite = {}
+    for role, members in pools.items():
+        for s in members:
+            rewrite[f"http://{s.spec.bind}:{s.spec.ports[0]}"] = \
+                f"http://{k8s_name(plan.deployment, role)}:{members[0].spec.ports[0]}"
+    if pools:
+        objects.append(_disaggregated(plan, pods, pools, selectors))
+        done.update(s.name for s in plan.services() if s.role in pools)
+    for svc, _ in walk.in_order(plan):
+        if svc.name in done:
+            continue
+        if svc.group and svc.group_size > 1:
+            members = plan.group(svc.group)
+            done.update(m.name for m in members)
+            name = k8s_name(plan.deployment, svc.group if len(members) < len(plan.services()) else "")
+            labels = _labels(plan, svc.group)
+            leader = pods.template(members[0], labels)
+            worker = pods.template(members[1], labels)
+            objects.append({"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": _meta(plan, name), "spec": {
+                "replicas": 1, "startupPolicy": "LeaderCreated",  # the head waits for its workers itself
+                "leaderWorkerTemplate": {"size": len(members), "restartPolicy": "RecreateGroupOnPodRestart",
+                                         "leaderTemplate": leader, "workerTemplate": worker}}})
+            sel = {SET_LABEL: name, WORKER_INDEX_LABEL: "0"}
+            for m in members:
+                selectors[m.name] = sel
+            continue
+        done.add(svc.name)
+        name = k8s_name(plan.deployment, svc.name)
+        labels = _labels(plan, svc.name)
+        template = pods.template(svc, labels, rewrite if svc.role == "proxy" else None)
+        objects.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(plan, name), "spec": {
+            "replicas": 1, "strategy": {"type": "Recreate"},  # GPUs and ports are never held twice
+            "selector": {"matchLabels": labels}, "template": template}})
+        selectors[svc.name] = labels
+    _same_node(plan, objects)
+    for role, members in pools.items():
+        objects.append(_service(plan, k8s_name(plan.deployment, role), {"railyard.io/deployment": k8s_name(
+            plan.deployment), "railyard.io/pool": role}, members[0].spec.ports[0]))
+    objects.append(_service(plan, k8s_name(plan.deployment, "api"), selectors[ep.service], ep.port))
+    for name, data in pods.config_maps.items():
+        objects.insert(0, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(plan, name), "data": data})
+    head = (f"# Rendered by railyard from the {plan.layout} plan of {plan.deployment}: the containers `inv launch` "
+            "starts, as Kubernetes objects.\n# Needs: the LeaderWorkerSet controller (LWS v0.9+ for DisaggregatedSet), "
+            "the NVIDIA device plugin, an RDMA device plugin.\n")
+    secrets = sorted({secret_name(plan, s) for svc in plan.services() for s in svc.spec.secrets})
+    for s in secrets:
+        head += f"# Before applying: kubectl create secret generic {s} --from-file=value=FILE (one value, no newline)\n"
+    return head + "".join("---\n" + yaml.dump(o, Dumper=_Dumper, sort_keys=False, width=1000) for o in objects)
+
+
+class _Dumper(yaml.SafeDumper):
+    """No anchors: a label map used twice is written twice, as people write manifests."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def _same_node(plan: LaunchPlan, objects: list[dict]) -> None:
+    """Services of a one-host plan that share loopback and IPC (LMCache and its replicas, their router)
+    land on one node: each Deployment after the first requires the first one's pods beside it."""
+    deps = [o for o in objects if o["kind"] == "Deployment"]
+    if len(plan.hosts()) != 1 or len(deps) < 2:
+        return
+    first = deps[0]["spec"]["selector"]["matchLabels"]
+    for o in deps[1:]:
+        o["spec"]["template"]["spec"]["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": first}, "topologyKey": "kubernetes.io/hostname"}]}}
+
+
+def _disaggregated(plan: LaunchPlan, pods: _Pods, pools: dict[str, list[Service]],
+                   selectors: dict[str, dict[str, str]]) -> dict:
+    """One role per pool; each instance is one LWS group (its DP ranks across hosts, or one pod)."""
+    roles = []
+    for role, members in pools.items():
+        first = members[0]
+        labels = {"railyard.io/deployment": k8s_name(plan.deployment), "railyard.io/pool": role}
+        group = plan.group(first.group) if first.group else [first]
+        leader = pods.template(group[0], labels)
+        lwt: dict = {"size": len(group), "restartPolicy": "RecreateGroupOnPodRestart", "leaderTemplate": leader,
+                     "workerTemplate": pods.template(group[1], labels) if len(group) > 1 else leader}
+        roles.append({"name": role, "spec": {"replicas": len(members), "startupPolicy": "LeaderCreated",
+                                             "leaderWorkerTemplate": lwt}})
+        for s in plan.services():
+            if s.role == role:
+                selectors[s.name] = labels
+    return {"apiVersion": DS_API, "kind": "DisaggregatedSet", "metadata": _meta(plan, k8s_name(plan.deployment)),
+            "spec": {"roles": roles}}
+
+
+def _service(plan: LaunchPlan, name: str, selector: dict[str, str], port: int) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(plan, name),
+            "spec": {"selector": dict(selector), "ports": [{"name": "http", "port": port, "targetPort": port,
+                                                             "protocol": "TCP"}]}}

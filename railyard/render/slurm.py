@@ -1,0 +1,222 @@
+"""A plan as one Slurm batch script: `sbatch` runs the deployment on the nodes Slurm allocates.
+
+    text = render(plan, inv)
+
+One node per host of the plan (`--nodes`, one task per node, `--exclusive`, `--gpus-per-node`),
+the head on node 0: the first host of `$SLURM_JOB_NODELIST`, where the batch script runs. The
+stages start in the plan's order (workers first), each service as its own job step that runs
+`inv launch`'s `docker run` and holds the container, removing it when the step ends (scancel, a
+failed gate, the job's time limit). Every gate of the plan runs on the service's node: running
+for its seconds, its log line, a KV line from every engine core, its HTTP paths; the head's
+readiness is the script's last gate.
+
+What the plan leaves symbolic is found on the node when its step starts, as `inv env` finds it
+over SSH: the rank is `$SLURM_NODEID`, the group size `$SLURM_NNODES`, the head address the rail
+address of the group head's node, the node's own rail address (`ip -4 addr show dev RAIL`), its
+RoCE v2 GID index (`show_gids HCA`), its GPUs (the first whose name holds `cluster_gpu_name`, as
+railyard picks them) and `$HOME`. A secret is read from its file on the node, never put in argv.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import UsageError
+from ..inventory import Inventory
+from ..serving.spec import LaunchPlan, Service
+from ..transport import q
+from . import walk
+from .docker import run_argv
+
+_REFS = ("head_addr", "node_rank", "group_size", "node_addr", "gid_index")
+
+
+def _markers(svc: Service) -> dict[str, str]:
+    r = {n: walk.token("ref_" + n) for n in _REFS}
+    r["port"] = str(svc.spec.ports[0]) if svc.spec.ports else ""
+    r["model_dir"] = next((m.target for m in svc.spec.mounts if m.kind == "model"), "")
+    return r
+
+
+def _own_address(word: str, svc: Service) -> str:
+    """The service's own rail address (a literal of the plan) as its node's address."""
+    if svc.address and svc.address in word:
+        return re.sub(r"(?<![\d.])" + re.escape(svc.address) + r"(?![\d.])", walk.token("ref_node_addr"), word)
+    return word
+
+
+def _shell(text: str, variables: dict[str, str]) -> str:
+    """Shell text whose tokens (always inside shlex's single quotes) become their variables."""
+    def by(name: str) -> str:
+        if name in variables:
+            v = variables[name]
+        elif name == "home":
+            v = "$HOME"
+        elif name.startswith("gpu") and name[3:].isdigit():
+            v = f"$GPU{name[3:]}"
+        else:
+            raise UsageError(f"--to slurm: {name} has no value on a Slurm node")
+        return v if v.isdigit() else "'\"" + v + "\"'"
+    return walk.replace_tokens(text, by)
+
+
+def docker_line(plan: LaunchPlan, svc: Service, variables: dict[str, str]) -> str:
+    """inv launch's `docker run` of the service (no hash label: its node's values are known only there)."""
+    argv = [_own_address(a, svc) for a in run_argv(plan, svc, with_hash=False, resolved=_markers(svc))]
+    return _shell(" ".join(q(a) for a in argv), variables)
+
+
+def _gates(svc: Service) -> list[str]:
+    name = q(svc.spec.name)
+    addr = "$NODE_ADDR" if svc.address and svc.spec.bind == svc.address else walk.local_address(svc.spec.bind)
+    out = [f"wait_running {name} {svc.started.seconds:g}"]
+    for g in svc.ready:
+        if g.kind == "log":
+            out.append(f"wait_log {name} {q(g.pattern)}")
+        elif g.kind == "kv_engines":
+            out.append(f"wait_kv {name} {g.count}")
+        elif g.kind == "http":
+            out.append(f'wait_http {name} "http://{addr}:{g.port or svc.spec.ports[0]}"{q(g.path)}')
+    return out
+
+
+MEMBER = r'''set -euo pipefail
+action=$1 service=$2
+export HEAD_ADDR=${3:-}  # the group head's rail address, for the ranks that join it
+me="${SLURMD_NODENAME:-$(hostname -s)}"
+die() { echo "railyard: $me: $*" >&2; exit 1; }
+rail() {  # the node's own address on the rail and the RoCE v2 GID index holding it, as inv env finds them
+    NODE_ADDR=$(ip -4 -o addr show dev "$1" 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')
+    [ -n "$NODE_ADDR" ] || die "no IPv4 address on $1 (fix: the rail's address; inv preflight's rail_ip)"
+    if [ -n "$2" ]; then
+        GID_INDEX=$(show_gids "$2" 2>/dev/null | awk -v ip="$NODE_ADDR" '$5 == ip && $6 == "v2" {print $3; exit}')
+        [ -n "$GID_INDEX" ] || die "no RoCE v2 GID for $NODE_ADDR on $2 (fix: RoCE v2 enabled; show_gids $2)"
+    fi
+}
+gpus() {  # GPU0, GPU1, ...: the first $2 GPUs whose name holds $1
+    local i=0 uuid name
+    while IFS=, read -r uuid name; do
+        case "$name" in *"$1"*) printf -v "GPU$i" %s "$uuid"; i=$((i + 1));; esac
+    done < <(nvidia-smi --query-gpu=uuid,name --format=csv,noheader)
+    [ "$i" -ge "$2" ] || die "$i GPU(s) match '$1', the layout needs $2 (fix: cluster_gpu_name; nvidia-smi -L)"
+}
+deadline=$((SECONDS + ${RAILYARD_START_TIMEOUT:-1800}))
+running() { [ "$(docker inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" = true ]; }
+gave_up() { docker logs --tail 30 "$1" 2>&1 | sed "s/^/  $1: /" >&2; die "$1: $2"; }
+until_ok() {  # NAME WHAT CMD...: retry CMD until it passes, the container stops or the deadline passes
+    local n=$1 what=$2; shift 2
+    until "$@"; do
+        running "$n" || gave_up "$n" "exited before $what"
+        [ "$SECONDS" -lt "$deadline" ] || gave_up "$n" "no $what in ${RAILYARD_START_TIMEOUT:-1800} s"
+        sleep 1
+    done
+}
+wait_running() { until_ok "$1" "start" running "$1"; sleep "$2"; running "$1" || gave_up "$1" "exited within $2 s"; }
+log_has() { docker logs "$1" 2>&1 | grep -qF -- "$2"; }
+wait_log() { until_ok "$1" "\`$2\` in its log" log_has "$1" "$2"; }
+kv_lines() {  # every engine core logged its KV cache size
+    local got
+    got=$(docker logs "$1" 2>&1 | grep -F 'GPU KV cache size' | sed -n 's/.*(\(EngineCore[_A-Z0-9]*\) .*/\1/p' | sort -u | wc -l)
+    [ "$got" -ge "$2" ]
+}
+wait_kv() { until_ok "$1" "KV cache line from $2 engine(s)" kv_lines "$1" "$2"; }
+http_ok() { [ "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 "$1" 2>/dev/null)" = 200 ]; }
+wait_http() { until_ok "$1" "200 from $2" http_ok "$2"; }
+hold() {  # the step holds the container: it is removed when the step ends (scancel, job end, a failure)
+    trap 'docker rm -f "$1" >/dev/null 2>&1 || true' EXIT
+    trap 'exit 143' TERM INT
+    while running "$1"; do sleep 2 & wait $!; done
+    docker logs --tail 30 "$1" 2>&1 | sed "s/^/  $1: /" >&2
+    die "$1 exited"
+}
+'''
+
+
+def render(plan: LaunchPlan, inv: Inventory) -> str:
+    hosts = plan.report_hosts()  # the head's host first: node 0, the first host of the job's node list
+    node = {h: i for i, h in enumerate(hosts)}
+    n = len(hosts)
+    gpus_per_node = max(sum(s.spec.gpus.count for s in plan.on_host(h)
+                            if s.expects("gpu_process", "required") == "required") for h in hosts)
+    ep = plan.endpoint
+    timeout = int(float(inv.host(ep.host).vars.get("vllm_start_timeout_s", 1800)))
+    cases, starts = [], []
+    for svc, _ in walk.in_order(plan):
+        k = node[svc.host]
+        group = plan.group(svc.group) if svc.group else [svc]
+        variables = {"ref_head_addr": "$HEAD_ADDR", "ref_node_addr": "$NODE_ADDR", "ref_gid_index": "$GID_INDEX",
+                     "gid_index": "$GID_INDEX",
+                     "ref_node_rank": "$SLURM_NODEID" if svc.rank == k else str(svc.rank or 0),
+                     "ref_group_size": "$SLURM_NNODES" if svc.group_size == n and n > 1 else str(svc.group_size)}
+        line = docker_line(plan, svc, variables)
+        env = dict(svc.spec.env)
+        needs = walk.tokens_in(" ".join(q(_own_address(a, svc)) for a in run_argv(plan, svc, False, _markers(svc))))
+        setup = []
+        if needs & {"ref_node_addr", "ref_gid_index", "gid_index"} or (svc.address and svc.spec.bind == svc.address):
+            iface = env.get("NCCL_SOCKET_IFNAME") or inv.host(svc.host).serve_rail.name
+            hca = env.get("NCCL_IB_HCA", "") if needs & {"ref_gid_index", "gid_index"} else ""
+            setup.append(f"rail {q(str(iface))} {q(str(hca))}")
+        count = max([int(t[3:]) + 1 for t in needs if t.startswith("gpu") and t[3:].isdigit()] or [0])
+        if count:
+            setup.append(f"gpus {q(svc.spec.gpus.name or inv.host(svc.host).vars['cluster_gpu_name'])} {count}")
+        name = q(svc.spec.name)
+        body = setup + [f"docker rm -f {name} >/dev/null 2>&1 || true", line, f"hold {name}"]
+        cases.append(f"    {svc.name}:run)\n        " + "\n        ".join(body) + " ;;")
+        on_rail = [x for x in setup[:1] if svc.address and svc.spec.bind == svc.address]  # its gates ask its rail address
+        cases.append(f"    {svc.name}:gate)\n        " + "\n        ".join(on_rail + _gates(svc)) + " ;;")
+        head_node = node[group[0].host]
+        starts.append((svc, k, head_node))
+    member = (MEMBER + 'case "$service:$action" in\n' + "\n".join(cases) +
+              '\n    *) die "no service $service (action $action) in this job";;\nesac\n')
+    out = [
+        "#!/bin/bash",
+        f"# Rendered by railyard from the {plan.layout} plan of {plan.deployment}: the containers `inv launch` starts,",
+        f"# as one Slurm job. Submit: sbatch [--partition=P] [--time=T] {plan.deployment}.sbatch",
+        "# Stop: scancel JOBID (each service's step removes its container). Nodes, in order: " + ", ".join(
+            f"{i}={h} ({', '.join(s.name for s in plan.on_host(h))})" for i, h in enumerate(hosts)),
+        f"#SBATCH --job-name={plan.deployment}",
+        f"#SBATCH --nodes={n}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --exclusive",
+    ]
+    if gpus_per_node:
+        out.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
+    out += [f"#SBATCH --output={plan.deployment}-%j.out", "set -euo pipefail", "",
+            f"export RAILYARD_START_TIMEOUT={timeout}",
+            "RAILYARD_MEMBER=$(cat <<'RAILYARD_MEMBER_END'", member.rstrip("\n"), "RAILYARD_MEMBER_END", ")",
+            "export RAILYARD_MEMBER",
+            'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+            f'[ "${{#NODES[@]}}" -eq {n} ] || {{ echo "railyard: the job has ${{#NODES[@]}} nodes, the plan {n}" >&2; exit 2; }}',
+            'step() {  # NODE ARGS...: one step on node NODE of the job',
+            '    local k=$1; shift',
+            '    srun --nodes=1 --ntasks=1 --relative="$k" --overlap --kill-on-bad-exit=1 bash -c "$RAILYARD_MEMBER" member "$@"',
+            '}',
+            "STEPS=()", ""]
+    heads: dict[int, str] = {}
+    for stage in plan.stages:
+        for svc in stage.services:
+            _, k, head_node = next(x for x in starts if x[0] is svc)
+            group = plan.group(svc.group) if svc.group else [svc]
+            if any("head_addr" == getattr(a, "name", "") for a in svc.spec.command) and head_node not in heads:
+                var = f"HEAD_ADDR_{head_node}"
+                iface = dict(group[0].spec.env).get("NCCL_SOCKET_IFNAME") or inv.host(group[0].host).serve_rail.name
+                out.append(f'{var}=$(step {head_node} addr {q(group[0].name)} {q(str(iface))})')
+                heads[head_node] = var
+            head = f'"${heads[head_node]}"' if head_node in heads else '""'
+            out.append(f"echo \"railyard: starting {svc.name} on ${{NODES[{k}]}}\" >&2")
+            out.append(f"step {k} run {q(svc.name)} {head} &")
+            out.append("STEPS+=($!)")
+        for svc in stage.services:
+            _, k, head_node = next(x for x in starts if x[0] is svc)
+            head = f'"${heads[head_node]}"' if head_node in heads else '""'
+            out.append(f"step {k} gate {q(svc.name)} {head} || {{ echo \"railyard: {svc.name} failed its gates\" >&2; "
+                       "exit 1; }")
+    out += ["", f"echo \"railyard: {plan.deployment} is ready: {ep.service} on ${{NODES[{node[ep.host]}]}}, "
+            f"port {ep.port}\" >&2",
+            'wait -n "${STEPS[@]}" || true', 'echo "railyard: a service stopped; ending the job" >&2', "exit 1", ""]
+    text = "\n".join(out)
+    return text.replace("case \"$service:$action\" in", _addr_case() + "case \"$service:$action\" in", 1)
+
+
+def _addr_case() -> str:
+    return ('if [ "$action" = addr ]; then rail "$3" ""; printf "%s\\n" "$NODE_ADDR"; exit 0; fi\n')
