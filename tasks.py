@@ -257,3 +257,34 @@ def collect(c, inventory=None, out=None, no_preflight=False, set_=None):
 
 
 ns.add_task(collect)
+
+
+@task(help={"inventory": INVENTORY, "concurrency": "concurrencies, comma-separated (default 1,8,16,32)",
+            "isl": "synthetic prompt length in tokens (default 128)", "osl": "output length in tokens (default 64)",
+            "isl-stddev": "spread of the prompt length (default 0)", "osl-stddev": "spread of the output length (default 0)",
+            "dataset": "a JSONL file of prompts ({\"text\": ...} per line) instead of synthetic ones",
+            "prefix-prompts": "shared prefixes to draw from (with --prefix-length)",
+            "prefix-length": "tokens of each shared prefix",
+            "warmup": "warm-up requests per unit of concurrency, excluded (default 3: 3 x C)",
+            "requests": "measured requests per unit of concurrency (default 10: 10 x C)",
+            "seed": "AIPerf's random seed (default 1)",
+            "slo": "METRIC<=V or METRIC>=V, e.g. per_user_tok_s>=30, ttft_mean_s<=2.5, tpot_mean_ms<=20 (repeatable)",
+            "require": "a failed SLO exits 1 (without it: shown, exit 0)",
+            "sweep": "FLAG=V1,V2,...: relaunch with each value of one launch flag (e.g. max_num_batched_tokens=2048,8192), "
+                     "benchmark each, then restore the original",
+            "compare": "an earlier run's directory (or its summary.json): deltas in the table, both on the plots",
+            "out": "results root (default ./bench): OUT/<deployment>/<stamp>/",
+            "tokenizer": "a local tokenizer directory (default: the checkpoint's own files, fetched from the host)",
+            "timeout": "seconds to wait for each relaunch of a sweep (default vllm_start_timeout_s)",
+            "json": JSON, "set": SET}, iterable=["set_", "slo"])
+def bench(c, inventory=None, concurrency=None, isl=None, osl=None, isl_stddev=0, osl_stddev=0, dataset=None,
+          prefix_prompts=0, prefix_length=0, warmup=3, requests=10, seed=1, slo=None, require=False, sweep=None,
+          compare=None, out=None, tokenizer=None, timeout=None, json=False, set_=None):
+    """Benchmark the endpoint with AIPerf: a table per concurrency, SLO verdicts, PNG plots, sweeps of launch flags."""
+    cli.bench(inventory, concurrency, _int(isl, "--isl"), _int(osl, "--osl"), _int(isl_stddev, "--isl-stddev"),
+              _int(osl_stddev, "--osl-stddev"), dataset, _int(prefix_prompts, "--prefix-prompts"),
+              _int(prefix_length, "--prefix-length"), _int(warmup, "--warmup"), _int(requests, "--requests"),
+              _int(seed, "--seed"), slo, require, sweep, compare, out, tokenizer, _num(timeout, "--timeout"), json, set_)
+
+
+ns.add_task(bench)

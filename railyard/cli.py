@@ -630,3 +630,50 @@ def collect(inventory: str | None = None, out: str | None = None, preflight: boo
                     f"{len(manifest['hosts']) - len(failed)} of {len(manifest['hosts'])} hosts in "
                     f"{manifest['seconds']:g} s)" + "".join(f"\n  {h}: {e}" for h, e in failed.items()))
     return 1 if failed else 0
+
+
+@entry
+def bench(inventory: str | None = None, concurrency: str | None = None, isl: int | None = None, osl: int | None = None,
+          isl_stddev: int = 0, osl_stddev: int = 0, dataset: str | None = None, prefix_prompts: int = 0,
+          prefix_length: int = 0, warmup: int = 3, requests: int = 10, seed: int = 1, slo=None, require: bool = False,
+          sweep: str | None = None, compare: str | None = None, out: str | None = None, tokenizer: str | None = None,
+          timeout: float | None = None, json_out: bool = False, overrides=None) -> int:
+    from pathlib import Path
+    from .bench import view
+    from .bench.aiperf import Load, check_usage
+    from .bench.run import Options, bench as run, load_compare, parse_concurrency, parse_sweep
+    from .bench.slo import parse_slos
+    from .errors import UsageError
+    inv = _inventory(inventory, overrides)
+    slos = parse_slos(slo or [])
+    if not slos:  # a deployment's own SLOs from its variables (bench_slos), when the command line gives none
+        slos = parse_slos(inv.head.vars.get("bench_slos") or [], "bench_slos")
+    if dataset and (isl or prefix_prompts):
+        raise UsageError("--dataset FILE takes its prompts from the file: leave out --isl and --prefix-prompts")
+    load = Load(isl=isl or 128, osl=osl or 64, isl_stddev=isl_stddev, osl_stddev=osl_stddev, dataset=dataset,
+                prefix_prompts=prefix_prompts, prefix_length=prefix_length, warmup_per_c=warmup,
+                requests_per_c=requests, seed=seed)
+    check_usage(load)
+    if tokenizer and not Path(tokenizer).is_dir():
+        raise UsageError(f"--tokenizer {tokenizer}: no such directory")
+    opts = Options(concurrency=parse_concurrency(concurrency or "1,8,16,32"), load=load, slos=slos,
+                   sweep=parse_sweep(sweep, inv) if sweep else None, compare=load_compare(compare) if compare else None,
+                   out=Path(out or "bench"), tokenizer=tokenizer, start_timeout=timeout)
+    err = console(stderr=True)
+    summary = run(inv, opts, overrides, err if not json_out else None, log=lambda m: err.print(m, style="dim",
+                                                                                               highlight=False))
+    if opts.compare:
+        summary["_compare_doc"] = opts.compare
+    rep = view.report(summary, require)
+    if json_out:
+        return rep.print_json()
+    con = console()
+    for t in view.tables(summary):
+        con.print(t)
+    for line in view.verdict_lines(summary):
+        con.print(line)
+    con.print(Text(f"results: {summary['dir']} (summary.json, {', '.join(summary['plots'])}, AIPerf's exports per "
+                   "c<C>/)", style="dim"), highlight=False)
+    if summary.get("restored") is False:
+        con.print(Text("FAILED: the original configuration is not back: inv launch --recreate", style="bold red"))
+    return rep.exit_code

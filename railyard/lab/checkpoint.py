@@ -4,7 +4,8 @@ Each shard is a valid safetensors file (8-byte header length, JSON header, data)
 one U8 tensor of random bytes; `model.safetensors.index.json` maps a few tensor names to
 every shard; `config.json` carries the fields sync-model checks (`architectures`,
 `quantization_config.quant_algo`) and the attention and MoE fields `inv plan` reads. A `.cache/huggingface/` directory is added, as
-`hf download --local-dir` leaves one, to prove it is never copied or compared.
+`hf download --local-dir` leaves one, to prove it is never copied or compared. The tokenizer
+is a real one (built offline by railyard/lab/tokenizer/build.py), so that AIPerf can make prompts.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import struct
 from pathlib import Path
 
 CHUNK = 64 << 20
+TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def shard_name(i: int, n: int) -> str:
@@ -66,8 +69,9 @@ def write_checkpoint(root: Path, size_gb: float, shards: int, seed: int = 53) ->
                                 "kv_cache_quant_algo": "FP8"},
     }, indent=2))
     (root / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 1.0}))
-    (root / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 202752}))
+    for name in TOKENIZER_FILES:  # the lab's small real tokenizer (railyard/lab/tokenizer), for AIPerf and the stand-in
+        (root / name).write_bytes((TOKENIZER_DIR / name).read_bytes())
     cache = root / ".cache" / "huggingface"
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "download.lock").write_text("lab\n")
-    return {"files": shards + 4, "bytes": total}
+    return {"files": shards + 3 + len(TOKENIZER_FILES), "bytes": total}

@@ -45,7 +45,7 @@ NCCL_VERSION = "2.30.7+cuda13.0"
 START = time.time()
 SIM_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # LAB/sim
 STAT_KEYS = ("running", "waiting", "prompt", "generation", "requests", "kv", "prefix_q", "prefix_h", "spec_drafts",
-             "spec_accepted", "ext_q", "ext_h")
+             "spec_accepted", "ext_q", "ext_h", "prefilling")
 STATS = [dict.fromkeys(STAT_KEYS, 0)]  # one per engine (DP rank)
 STATS[0]["kv"] = 0.0
 CHILDREN = []  # engine core and worker processes this process started
@@ -571,10 +571,26 @@ def none_hash():
     return _NONE_HASH[0]
 
 
+VOCAB = {}  # the checkpoint's tokenizer.json vocabulary (the lab's word-level tokenizer), when it has one
+
+
+def load_vocab(model_dir):
+    """The word-level vocabulary of the checkpoint's tokenizer.json (railyard/lab/tokenizer), which
+    AIPerf loads too: one token per whitespace-separated word, so both count the same tokens."""
+    try:
+        with open(os.path.join(model_dir, "tokenizer.json")) as f:
+            model = json.load(f).get("model") or {}
+    except (OSError, ValueError):
+        return
+    if model.get("type") == "WordLevel":
+        VOCAB.update(model.get("vocab") or {})
+
+
 def token_ids(text):
-    """The stand-in's tokenizer: one token per word, its id a stable hash of the word."""
+    """The stand-in's tokenizer: one token per word; its id from the checkpoint's vocabulary, else (and
+    for words outside it, which that tokenizer maps to UNK) a stable hash of the word."""
     import hashlib
-    return [int.from_bytes(hashlib.blake2b(w.encode(), digest_size=4).digest(), "big") % 151552
+    return [VOCAB.get(w) or int.from_bytes(hashlib.blake2b(w.encode(), digest_size=4).digest(), "big") % 151552
             for w in text.split()] or [0]
 
 
@@ -793,7 +809,7 @@ def prefill(ids, block, st, rid):
     st["prefix_h"] += local
     with LMCACHE.lock:
         computed, had = LMCACHE.request(rid, ids, local, st)
-        time.sleep(max(0, len(ids) - computed) * us / 1e6)
+        chunked_prefill(max(0, len(ids) - computed), us, st)
         LOCAL_BLOCKS.update(hashes)
         LMCACHE.after(rid, ids, had)
     if LMCACHE.proc is not None:
@@ -803,6 +819,44 @@ def prefill(ids, block, st, rid):
     return computed
 
 
+def chunked_prefill(tokens, us, st):
+    """Compute `tokens` prompt tokens as vLLM's chunked prefill does: at most max_num_batched_tokens
+    per engine step, each step also paying one decode step of the running batch; while it runs, the
+    decode steps of the other requests carry its chunk (interference, see decode_step)."""
+    budget = max(1, SCHED["batched_tokens"])
+    st["prefilling"] += tokens
+    try:
+        while tokens > 0:
+            chunk = min(tokens, budget)
+            time.sleep(_tpot_s(st) + chunk * us / 1e6)
+            tokens -= chunk
+            st["prefilling"] -= chunk
+    finally:
+        st["prefilling"] -= max(0, tokens)
+
+
+def decode_step(st):
+    """One output token's time for one request: the decode step of the running batch, plus the prompt
+    chunk the engine schedules into the same step while another request is in prefill (up to
+    max_num_batched_tokens: a large budget speeds prefill and slows decode, a small one the reverse)."""
+    interfering = min(SCHED["batched_tokens"], max(0, st["prefilling"]))
+    return _tpot_s(st) + interfering * _prefill_us() / 1e6
+
+
+SCHED = {"max_num_seqs": 256, "batched_tokens": 8192}  # set from the flags in main()
+SLOTS = []  # one semaphore of max_num_seqs per engine: requests beyond it wait (vllm:num_requests_waiting)
+ANSWER = ["The", " two", " stations", " answer", " over", " the", " rail", "."]
+
+
+def output_words(req, cap, prompt_ids):
+    """What the model answers: the short fixed answer (finish_reason stop), or with ignore_eos (as
+    benchmarks send) exactly max_tokens words of the vocabulary (finish_reason length)."""
+    if req.get("ignore_eos") and isinstance(cap, int) and cap > 0:
+        pool = sorted(VOCAB, key=VOCAB.get)[1:257] or [w.strip() for w in ANSWER]
+        return [" " + pool[(len(prompt_ids) + i * 7) % len(pool)] for i in range(cap)], "length"
+    return (ANSWER[:cap] if isinstance(cap, int) and cap > 0 else list(ANSWER)), "stop"
+
+
 # ---------------------------------------------------------------- HTTP
 
 def make_handler(args, served, key):
@@ -810,6 +864,10 @@ def make_handler(args, served, key):
         protocol_version = "HTTP/1.1"
         server_version = "uvicorn"
         sys_version = ""
+
+        def setup(self):
+            super().setup()  # uvicorn's sockets send at once (TCP_NODELAY): no token waits for a delayed ACK
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def log_message(self, fmt, *a):
             print(f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" '
@@ -865,8 +923,9 @@ def make_handler(args, served, key):
                 return self._send(404, json.dumps({"object": "error", "message": f"The model `{req.get('model')}` "
                                                    "does not exist.", "type": "NotFoundError", "param": None,
                                                    "code": 404}))
-            prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
-            words = ["The", " two", " stations", " answer", " over", " the", " rail", "."]
+            prompt = " ".join(c if isinstance(c, str) else " ".join(str(p.get("text", "")) for p in c
+                                                                   if isinstance(p, dict))
+                              for c in (m.get("content", "") for m in req.get("messages", [])))
             # vLLM honours the router's X-data-parallel-rank; otherwise the DP coordinator spreads requests
             want = self.headers.get("X-data-parallel-rank", "")
             dp = int(want) if want.isdigit() and int(want) < len(STATS) else \
@@ -877,58 +936,80 @@ def make_handler(args, served, key):
             rid = f"chatcmpl-{xrid or uuidlib.uuid4().hex}"
             ids = token_ids(prompt)
             cap = req.get("max_completion_tokens") or req.get("max_tokens")
-            if isinstance(cap, int) and cap > 0:
-                words = words[:cap]
+            words, finish = output_words(req, cap, ids)
             ktp = req.get("kv_transfer_params") if isinstance(req.get("kv_transfer_params"), dict) else None
             if args.get("enable-log-requests"):
                 log(f"Received request {rid}: prompt: {prompt[:40]!r}, params: SamplingParams(n=1, "
                     f"temperature=1.0, top_p=1.0, max_tokens={cap if isinstance(cap, int) else None}), "
                     f"prompt_token_ids: None, lora_request: None.", where="logger.py:49")
                 log(f"Added request {rid}.", where="async_llm.py:360")
-            out_params, finish = None, "stop"
+            out_params = None
+            slots = SLOTS[dp] if dp < len(SLOTS) else None
+            if slots is not None and not slots.acquire(blocking=False):
+                st["waiting"] += 1  # the batch is full (max_num_seqs): it waits for a slot, as vLLM queues it
+                slots.acquire()
+                st["waiting"] -= 1
             st["running"] += 1
+            streamed = False
             try:
                 try:
                     out_params, finish, _ = (DP_LINK.call if dp in DP_LINK.remote else engine_step)(
                         args, dp, rid, ids, ktp, st, finish)
                 except EngineDead:
                     return self._engine_dead()
-                time.sleep(len(words) * _tpot_s(st))
+                usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(words),
+                         "completion_tokens": len(words), "prompt_tokens_details": None}
+                if req.get("stream"):  # each token sent when its decode step is done, as vLLM streams
+                    streamed = True
+                    self._stream(rid, served, words, finish, usage, st, req)
+                else:
+                    for _ in words:
+                        time.sleep(decode_step(st))
+            except (BrokenPipeError, ConnectionResetError):
+                return None
             finally:
                 st["running"] -= 1
-            st["prompt"] += len(ids)
-            st["generation"] += len(words)
-            st["spec_drafts"] += 4
-            st["spec_accepted"] += 3
-            usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(words),
-                     "completion_tokens": len(words), "prompt_tokens_details": None}
-            if req.get("stream"):
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream; charset=utf-8")
-                self.send_header("transfer-encoding", "chunked")
-                self.end_headers()
-
-                def chunk(obj):
-                    data = f"data: {obj}\n\n".encode()
-                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-
-                base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": served}
-                chunk(json.dumps(dict(base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                       "logprobs": None, "finish_reason": None}])))
-                for wd in words:
-                    chunk(json.dumps(dict(base, choices=[{"index": 0, "delta": {"content": wd}, "logprobs": None,
-                                                           "finish_reason": None}])))
-                chunk(json.dumps(dict(base, choices=[{"index": 0, "delta": {"content": ""}, "logprobs": None,
-                                                       "finish_reason": finish, "stop_reason": None}])))
-                chunk("[DONE]")
-                self.wfile.write(b"0\r\n\r\n")
-                return
+                if slots is not None:
+                    slots.release()
+                st["prompt"] += len(ids)
+                st["generation"] += len(words)
+                st["spec_drafts"] += 4
+                st["spec_accepted"] += 3
+            if streamed:
+                return None
             return self._send(200, json.dumps({
                 "id": rid, "object": "chat.completion", "created": int(time.time()), "model": served,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(words),
                                                      "reasoning_content": None, "tool_calls": []},
                              "logprobs": None, "finish_reason": finish, "stop_reason": None}],
                 "usage": usage, "prompt_logprobs": None, "kv_transfer_params": out_params}))
+
+        def _stream(self, rid, served, words, finish, usage, st, req):
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream; charset=utf-8")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+
+            def chunk(obj):
+                data = f"data: {obj}\n\n".encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": served}
+            chunk(json.dumps(dict(base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                   "logprobs": None, "finish_reason": None}])))
+            for i, wd in enumerate(words):
+                if i:
+                    time.sleep(decode_step(st))
+                chunk(json.dumps(dict(base, choices=[{"index": 0, "delta": {"content": wd}, "logprobs": None,
+                                                       "finish_reason": None}])))
+            chunk(json.dumps(dict(base, choices=[{"index": 0, "delta": {"content": ""}, "logprobs": None,
+                                                   "finish_reason": finish, "stop_reason": None}])))
+            if (req.get("stream_options") or {}).get("include_usage"):  # vLLM: a last chunk with no choices
+                chunk(json.dumps(dict(base, choices=[], usage=usage)))
+            chunk("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
 
         def _engine_dead(self):
             """The engine died under the request (vLLM: EngineDeadError): a 500, then the server exits."""
@@ -1265,6 +1346,9 @@ def main(argv):
         log(f"Maximum concurrency for {args['max-model-len']:,} tokens per request: "
             f"{tokens / args['max-model-len']:.2f}x", where="kv_cache_utils.py:1091", who=e["name"], pid=e["pid"])
     STATS[:] = [dict(dict.fromkeys(STAT_KEYS, 0), kv=0.0) for _ in range(max(dp, start + len(engines)))]
+    SCHED.update(max_num_seqs=max(1, args["max-num-seqs"]), batched_tokens=max(1, args["max-num-batched-tokens"]))
+    SLOTS[:] = [threading.BoundedSemaphore(SCHED["max_num_seqs"]) for _ in engines]
+    load_vocab(model_dir)
     kv_transfer(args, engines, served, [kv_cache(args, e, weights, per_token)[0] for e in engines])
     if dp_headless:
         DP_LINK.serve(args, engines)  # until the head goes away
