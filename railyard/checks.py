@@ -17,7 +17,7 @@ from .probe import Output, split_blocks
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
 CHECKS = ("ssh", "docker", "image", "rail_link", "rail_ip", "link_speed", "mtu", "jumbo_ping", "route",
-          "gid", "ntp", "clock_skew", "disk", "gpu", "ssh_peer")
+          "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "parity", "ssh_peer")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ TOOL_HINTS = {
     "show_gids": "install the NVIDIA DOCA-Host / MLNX_OFED user tools (they ship show_gids)",
     "nvidia-smi": "install the NVIDIA driver utilities (nvidia-utils) or check the driver install",
     "docker": "install Docker Engine and the NVIDIA Container Toolkit",
-    "timedatectl": "install systemd's timedatectl, or check NTP with chronyc tracking",
+    "timedatectl": "install systemd's timedatectl or chrony (chronyc tracking): preflight reads either",
+    "dmesg": "apt-get install util-linux (dmesg)",
     "ethtool": "apt-get install ethtool",
     "ip": "apt-get install iproute2",
     "ping": "apt-get install iputils-ping",
@@ -323,10 +324,15 @@ def check_gid(host: Host, out: Output) -> CheckResult:
 
 # ---------------------------------------------------------------- time
 
+CHRONY_MARK = "@@chronyc"
+
+
 def check_ntp(host: Host, out: Output) -> CheckResult:
     bad = unusable(host, "ntp", out, "timedatectl")
     if bad:
         return bad
+    if CHRONY_MARK in out.text:  # no (working) timedatectl: the section fell back to `chronyc tracking`
+        return _check_chrony(host, out.text.split(CHRONY_MARK, 1)[1])
     st = F.parse_timedatectl(out.text)
     if st.synchronized is None:
         return CheckResult(host.name, "ntp", FAIL, "cannot read the NTP state", _first_lines(out.text, 2),
@@ -338,6 +344,35 @@ def check_ntp(host: Host, out: Output) -> CheckResult:
         return CheckResult(host.name, "ntp", WARN, "synchronized, but the NTP service is inactive", st.line,
                            "sudo timedatectl set-ntp true, so it stays synchronized")
     return CheckResult(host.name, "ntp", PASS, "clock synchronized", st.line)
+
+
+def _check_chrony(host: Host, text: str) -> CheckResult:
+    """A real NTP verdict from `chronyc tracking`: a reference, a stratum, `Leap status : Normal`, and an offset
+    within preflight_max_clock_skew_ms (chrony can say Normal while seconds off, stepping slowly)."""
+    try:
+        t = F.parse_chrony_tracking(text)
+    except F.ParseError:
+        return CheckResult(host.name, "ntp", FAIL, "chronyc tracking gave no tracking data", _first_lines(text, 2),
+                           "start chronyd (sudo systemctl start chrony), then `chronyc tracking`")
+    limit = host.vars["preflight_max_clock_skew_ms"] / 1000
+    src = f"{t.ref_id} ({t.ref_name})" if t.ref_name else f"{t.ref_id}"
+    ev = f"{t.line}; Reference ID : {src}; Stratum : {t.stratum}" + \
+        (f"; System time : {t.offset_s:+.9f} s" if t.offset_s is not None else "")
+    fix_src = "check `chronyc sources -v` (a reachable server or pool in chrony.conf, UDP 123 open), then " \
+              "sudo chronyc makestep"
+    if t.ref_id in (None, "00000000") or t.leap == "Not synchronised" or t.stratum in (None, 0):
+        return CheckResult(host.name, "ntp", FAIL, "chrony: clock not synchronised (no time source selected)", ev,
+                           fix_src)
+    if t.ref_id == "7F7F0101" or t.ref_name.upper() == "LOCAL":
+        return CheckResult(host.name, "ntp", FAIL, "chrony follows its own local clock (`local` directive), "
+                           "not an NTP source", ev, fix_src)
+    if t.leap is None:
+        return CheckResult(host.name, "ntp", FAIL, "chrony: no Leap status line (not yet synchronised)", ev, fix_src)
+    if t.offset_s is not None and abs(t.offset_s) > limit:
+        return CheckResult(host.name, "ntp", FAIL, f"chrony: synchronised to {src} but the clock is "
+                           f"{abs(t.offset_s):.3f} s {'fast' if t.offset_s > 0 else 'slow'} (> {limit:.3f} s)", ev,
+                           "sudo chronyc makestep (chrony slews slowly by default; add `makestep 1 3` to chrony.conf)")
+    return CheckResult(host.name, "ntp", PASS, f"chrony: synchronised to {src}, stratum {t.stratum}", ev)
 
 
 @dataclass(frozen=True)
@@ -353,6 +388,9 @@ def check_clock_skew(hosts: list[Host], samples: dict[str, ClockSample | None]) 
     res: dict[str, CheckResult] = {}
     if not have:
         return res
+    if len(hosts) < 2:  # a clock compared with nothing but this machine's proves nothing about the ranks
+        return {h.name: CheckResult(h.name, "clock_skew", SKIP, "one host: no other clock to compare with "
+                                    "(the ntp check covers its own time)") for h in hosts}
     ref = statistics.median([0.0] + [s.offset_s for s in have.values()])
     spread = max(s.offset_s for s in have.values()) - min(s.offset_s for s in have.values())
     for h in hosts:
@@ -434,6 +472,130 @@ def check_gpu(host: Host, gpus_out: Output, apps_out: Output) -> CheckResult:
                            "stop that process (or the container holding it: `docker ps`), then check `nvidia-smi` again")
     used = ", ".join(f"{g.memory_used_mib} MiB used of {g.memory_total_mib}" for g in chosen)
     return CheckResult(host.name, "gpu", PASS, f"{names} idle ({used})", listing)
+
+
+# ---------------------------------------------------------------- GPU health
+
+# Xid codes an application usually causes (an illegal address, a kernel stopped): worth a look, not a drained node.
+APP_XIDS = {13, 31, 43, 45}
+XID_FIX = {48: "uncorrectable ECC (DBE)", 63: "page retirement / row remap recorded", 64: "page retirement / row "
+           "remap failed", 74: "NVLink error", 79: "GPU fell off the bus", 92: "high single-bit ECC rate",
+           94: "contained ECC error", 95: "uncontained ECC error", 109: "context switch timeout",
+           119: "GSP timeout", 120: "GSP error"}
+DRAIN = ("drain the host (inv stop), then reset the GPU (sudo nvidia-smi -r -i {idx}, or reboot) so the pending "
+         "repair applies; if uncorrectable errors come back, RMA the GPU")
+
+
+def check_gpu_health(host: Host, health_out: Output, dmesg_out: Output | None) -> CheckResult:
+    """Uncorrectable ECC since the driver loaded, pending page retirement / row remapping, a failed remap, and
+    Xid errors in the kernel log since boot, for the cluster GPUs. A pass needs both sources read."""
+    bad = unusable(host, "gpu_health", health_out, "nvidia-smi")
+    if bad:
+        return bad
+    if health_out.rc != 0 or "No devices were found" in health_out.text:
+        return CheckResult(host.name, "gpu_health", FAIL, "nvidia-smi could not report GPU health",
+                           _first_lines(health_out.text, 2), "`nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`")
+    try:
+        gpus = F.parse_gpu_health(health_out.text)
+    except F.ParseError as e:
+        return CheckResult(host.name, "gpu_health", FAIL, f"cannot read nvidia-smi: {e}", _first_lines(health_out.text, 2))
+    fails, warns, ev = [], [], []
+    for g in gpus:
+        tag = f"GPU {g.index} {g.uuid}"
+        if g.ecc_uncorrected_volatile:
+            fails.append(f"{tag}: {g.ecc_uncorrected_volatile} uncorrectable ECC error(s) since the driver loaded")
+        if g.remapped_rows_failure:
+            fails.append(f"{tag}: row remapping failed (no spare rows left)")
+        if g.remapped_rows_pending:
+            fails.append(f"{tag}: row remapping pending (applies at the next GPU reset)")
+        if g.retired_pages_pending:
+            fails.append(f"{tag}: page retirement pending (applies at the next GPU reset)")
+        ev.append(f"{g.index}: ecc.uncorrected.volatile={_na(g.ecc_uncorrected_volatile)} "
+                  f"aggregate={_na(g.ecc_uncorrected_aggregate)} retired_pages.pending={_na(g.retired_pages_pending)} "
+                  f"remapped_rows.pending={_na(g.remapped_rows_pending)} failure={_na(g.remapped_rows_failure)}")
+    kernel_read = False
+    if dmesg_out is not None and dmesg_out.rc == 0 and not dmesg_out.missing_tool:
+        kernel_read = True
+        for x in F.parse_xids(dmesg_out.text):
+            g = next((g for g in gpus if F.pci_matches(x.pci, g.bus_id)), None)
+            tag = f"GPU {g.index} ({x.pci})" if g else f"PCI {x.pci}"
+            what = XID_FIX.get(x.code, x.text[:80])
+            (warns if x.code in APP_XIDS else fails).append(f"{tag}: Xid {x.code} since boot ({what})")
+            ev.append(x.line[:200])
+    fails, warns = list(dict.fromkeys(fails)), list(dict.fromkeys(warns))
+    idx = ",".join(str(g.index) for g in gpus) or "N"
+    if fails:
+        hw = any("remapping failed" in f or "Xid 79" in f for f in fails)
+        hint = DRAIN.format(idx=idx) if not hw else \
+            "drain the host and RMA the GPU (row remap failure or fallen off the bus); reseat/power-cycle first for Xid 79"
+        return CheckResult(host.name, "gpu_health", FAIL, "; ".join(fails[:4]) + ("; ..." if len(fails) > 4 else ""),
+                           " | ".join(ev[:6]), hint)
+    if not kernel_read:
+        if dmesg_out is None or dmesg_out.rc is None:
+            why = "dmesg gave no result"
+        elif dmesg_out.missing_tool:
+            why = f"`{dmesg_out.missing_tool}` not found"
+        else:
+            why = _first_lines(dmesg_out.text, 1) or f"dmesg exit {dmesg_out.rc}"
+        return CheckResult(host.name, "gpu_health", WARN, f"{len(gpus)} GPU(s) without ECC or remap faults; the kernel "
+                           f"log could not be read for Xid errors ({why})", " | ".join(ev[:6]),
+                           "allow the preflight user to read it: sudo sysctl kernel.dmesg_restrict=0, or add it to the "
+                           "adm group (journalctl -k); then rerun")
+    if warns:
+        return CheckResult(host.name, "gpu_health", WARN, "; ".join(warns[:4]), " | ".join(ev[:6]),
+                           "application-caused Xids (illegal address, kernel stopped): check the job that ran; "
+                           "reset the GPU if they repeat with a known-good workload")
+    return CheckResult(host.name, "gpu_health", PASS, f"{len(gpus)} GPU(s): no uncorrectable ECC, no pending retirement "
+                       "or remap, no Xid since boot", " | ".join(ev[:4]))
+
+
+def _na(v) -> str:
+    return "N/A" if v is None else ("Yes" if v is True else "No" if v is False else str(v))
+
+
+# ---------------------------------------------------------------- parity across ranks
+
+PARITY_WHAT = {"driver": "NVIDIA driver", "kernel": "kernel", "nic_firmware": "rail NIC firmware",
+               "nic_driver": "rail NIC driver", "ofed": "OFED/DOCA"}
+PARITY_FIX = {"driver": "install the same NVIDIA driver on every rank (a mismatch is a classic hang at NCCL init)",
+              "kernel": "boot every rank into the same kernel (and its matching driver modules)",
+              "nic_firmware": "flash the same ConnectX firmware on every rank (mlxfwmanager / mstflint)",
+              "nic_driver": "install the same mlx5 driver (DOCA-Host / MLNX_OFED) on every rank",
+              "ofed": "install the same DOCA-Host / MLNX_OFED release on every rank"}
+
+
+def check_parity(hosts: list[Host], seen: dict[str, dict[str, str | None]]) -> dict[str, CheckResult]:
+    """Driver, kernel, rail NIC firmware/driver and OFED/DOCA versions compared across the ranks: every difference
+    named host by host. One host: skip. The image (and so its NCCL) is compared by the image check."""
+    if len(hosts) < 2:
+        return {h.name: CheckResult(h.name, "parity", SKIP, "one host: nothing to compare") for h in hosts}
+    res: dict[str, CheckResult] = {}
+    diffs: dict[str, list[str]] = {h.name: [] for h in hosts}
+    keys = [k for k in PARITY_WHAT if any(seen.get(h.name, {}).get(k) for h in hosts)]
+    for k in keys:
+        vals = {h.name: seen.get(h.name, {}).get(k) or "not found" for h in hosts}
+        if len(set(vals.values())) < 2:
+            continue
+        counts: dict[str, int] = {}
+        for v in vals.values():
+            counts[v] = counts.get(v, 0) + 1
+        common = max(counts, key=lambda v: (counts[v], v != "not found"))
+        listing = ", ".join(f"{n} {v}" for n, v in vals.items())
+        for n, v in vals.items():
+            if v != common or counts[v] == len(hosts) - counts[v]:  # a 1:1 split: both sides are named
+                diffs[n].append((k, f"{PARITY_WHAT[k]} {v} (others: {listing})"))
+    for h in hosts:
+        mine = seen.get(h.name, {})
+        have = ", ".join(f"{PARITY_WHAT[k]} {mine[k]}" for k in keys if mine.get(k))
+        if diffs[h.name]:
+            res[h.name] = CheckResult(h.name, "parity", FAIL, "; ".join(d for _, d in diffs[h.name]), have,
+                                      "; ".join(dict.fromkeys(PARITY_FIX[k] for k, _ in diffs[h.name])))
+        elif not keys:
+            res[h.name] = CheckResult(h.name, "parity", WARN, "no versions could be read", "",
+                                      "check nvidia-smi, uname and ethtool -i on the hosts")
+        else:
+            res[h.name] = CheckResult(h.name, "parity", PASS, f"same as the other {len(hosts) - 1} rank(s): {have}", have)
+    return res
 
 
 # ---------------------------------------------------------------- ssh from the head

@@ -505,3 +505,139 @@ def parse_lscpu_numa(text: str) -> dict[int, list[int]]:
     for m in re.finditer(r"^\s*NUMA node(\d+) CPU\(s\):[ \t]*(\S*)[ \t]*$", text, re.M):
         out[int(m[1])] = parse_cpu_list(m[2])
     return out
+
+
+# ---------------------------------------------------------------- chrony
+
+@dataclass(frozen=True)
+class ChronyTracking:
+    ref_id: str | None        # 8 hex digits; 00000000: no source; 7F7F0101: chrony's own `local` clock
+    ref_name: str             # the name in brackets, often empty
+    stratum: int | None
+    offset_s: float | None    # system clock minus NTP time: `fast` positive, `slow` negative
+    leap: str | None          # Normal / Not synchronised / Insert second / Delete second; None: no such line
+    line: str                 # the Leap status line (or the Reference ID line) as evidence
+
+
+_CHRONY_SYSTEM = re.compile(r"^([\d.]+) seconds (fast|slow) of NTP time$")
+
+
+def parse_chrony_tracking(text: str) -> ChronyTracking:
+    """`chronyc tracking`: `Key : value` lines (chrony 2.x to 4.x). `506 Cannot talk to daemon` has none."""
+    kv: dict[str, str] = {}
+    for raw in text.splitlines():
+        k, sep, v = raw.partition(":")
+        if sep and k.strip() and not k.startswith(" "):
+            kv.setdefault(k.strip(), v.strip())
+    if "Reference ID" not in kv and "Leap status" not in kv:
+        raise ParseError(f"not chronyc tracking output: {text.strip()[:120]!r}")
+    ref = kv.get("Reference ID", "")
+    m = re.match(r"^([0-9A-Fa-f]{8})\s*\((.*)\)$", ref)
+    ref_id, ref_name = (m.group(1).upper(), m.group(2)) if m else (ref.split()[0] if ref else None, "")
+    st = kv.get("Stratum", "")
+    off = None
+    s = _CHRONY_SYSTEM.match(kv.get("System time", ""))
+    if s:
+        off = float(s.group(1)) * (1 if s.group(2) == "fast" else -1)
+    leap = kv.get("Leap status")
+    line = f"Leap status : {leap}" if leap is not None else f"Reference ID : {ref}"
+    return ChronyTracking(ref_id, ref_name, int(st) if st.isdigit() else None, off, leap, line)
+
+
+# ---------------------------------------------------------------- kernel log: NVIDIA Xid
+
+@dataclass(frozen=True)
+class Xid:
+    pci: str      # the GPU's PCI address as the driver prints it: 0000:07:00
+    code: int
+    text: str     # the message after the code
+    line: str
+
+
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+), ?(.*)$")
+
+
+def parse_xids(text: str) -> list[Xid]:
+    """`NVRM: Xid (PCI:0000:07:00): 48, pid=..., name=..., message` lines of `dmesg` (any timestamp form) or
+    `journalctl -k`/syslog; everything else is ignored."""
+    out = []
+    for raw in text.splitlines():
+        m = _XID.search(raw)
+        if m:
+            out.append(Xid(m.group(1).lower(), int(m.group(2)), m.group(3).strip(), raw.strip()))
+    return out
+
+
+def pci_matches(xid_pci: str, bus_id: str) -> bool:
+    """The driver's `0000:07:00` against nvidia-smi's `00000000:07:00.0`: same domain, bus and device."""
+    def norm(p: str) -> tuple[int, ...]:
+        parts = re.split(r"[:.]", p.lower())
+        nums = [int(x, 16) for x in parts if x]
+        return tuple(nums[:3])
+    try:
+        return norm(xid_pci) == norm(bus_id)
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------- GPU health: nvidia-smi --query-gpu
+
+HEALTH_FIELDS = ("index", "uuid", "pci.bus_id", "driver_version", "ecc.errors.uncorrected.volatile.total",
+                 "ecc.errors.uncorrected.aggregate.total", "retired_pages.pending", "remapped_rows.pending",
+                 "remapped_rows.failure")
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    index: int
+    uuid: str
+    bus_id: str
+    driver: str
+    ecc_uncorrected_volatile: int | None   # None: [N/A] (ECC off or not supported)
+    ecc_uncorrected_aggregate: int | None
+    retired_pages_pending: bool | None     # None: [N/A] (row-remapping GPUs: A100 and later)
+    remapped_rows_pending: bool | None
+    remapped_rows_failure: bool | None
+
+
+def _na_int(v: str) -> int | None:
+    return int(v) if v.strip().isdigit() else None
+
+
+def _na_bool(v: str) -> bool | None:
+    v = v.strip().lower()
+    return True if v == "yes" else False if v == "no" else None
+
+
+def parse_gpu_health(text: str) -> list[GpuHealth]:
+    """`--query-gpu=` + HEALTH_FIELDS `--format=csv,noheader,nounits` (the header line is skipped if present)."""
+    out = []
+    for row in _csv_rows(text):
+        if row[0] == "index":
+            continue
+        if len(row) != len(HEALTH_FIELDS) or not row[0].isdigit():
+            raise ParseError(f"unexpected nvidia-smi row: {', '.join(row)}")
+        out.append(GpuHealth(int(row[0]), row[1], row[2], row[3], _na_int(row[4]), _na_int(row[5]),
+                             _na_bool(row[6]), _na_bool(row[7]), _na_bool(row[8])))
+    return out
+
+
+# ---------------------------------------------------------------- versions compared across ranks
+
+def parse_versions(text: str) -> dict[str, str | None]:
+    """preflight's versions section: `@@kernel 6.8.0-60-generic`, `ethtool -i RAIL`'s driver/version/
+    firmware-version lines, `@@ofed MLNX_OFED_LINUX-24.10-...` (ofed_info -s). Empty values are None."""
+    out: dict[str, str | None] = {}
+    for raw in text.splitlines():
+        s = raw.strip()
+        if s.startswith("@@kernel "):
+            out["kernel"] = s[9:].strip() or None
+        elif s.startswith("@@ofed "):
+            out["ofed"] = s[7:].strip().rstrip(":") or None
+        elif s.startswith("driver:"):
+            out["nic_driver"] = s[7:].strip() or None
+        elif s.startswith("firmware-version:"):
+            out["nic_firmware"] = s[17:].strip() or None
+        elif s.startswith("version:") and out.get("nic_driver"):
+            out["nic_driver"] = f"{out['nic_driver']} {s[8:].strip()}".strip()
+    return out

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from . import checks as C
 from .inventory import Host, Inventory
-from .probe import Output, Section, fan_out, joined_script, new_token, split_output
+from .facts import HEALTH_FIELDS, parse_gpu_health, parse_versions
+from .probe import MISSING_MARK, Output, Section, fan_out, joined_script, new_token, split_output
 from .runner import Runner
-from .transport import RemotePath, Session, cmd, q
+from .transport import RemotePath, Session, Sh, cmd, q
 
 DOCKER_TIMEOUT = 15
 
@@ -45,12 +46,17 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
         Section("ip_link", cmd("ip", "-o", "link", "show"), "ip"),
         Section("ethtool", cmd("ethtool", rail.name), "ethtool"),
         gids_section(rail.hca),
-        Section("time", cmd("timedatectl", "show") + " 2>/dev/null || " + cmd("timedatectl"), "timedatectl"),
+        time_section(),
         Section("df", f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -P -B1 \"$p\"", "df"),
         Section("du", f"if [ -d {model} ]; then du -sb --exclude=.cache {model}; fi", "du", 60),
         gpus_section(),
         Section("gpu_apps", cmd("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
                                 "--format=csv,noheader,nounits"), "nvidia-smi"),
+        Section("gpu_health", cmd("nvidia-smi", "--query-gpu=" + ",".join(HEALTH_FIELDS),
+                                  "--format=csv,noheader,nounits"), "nvidia-smi"),
+        Section("dmesg", Sh("o=$(dmesg 2>&1); rc=$?; if [ $rc -ne 0 ]; then printf '%s\\n' \"$o\" | head -n 3; "
+                            "exit $rc; fi; printf '%s\\n' \"$o\" | grep -F 'NVRM: Xid' | tail -n 50; exit 0"), "dmesg"),
+        versions_section(rail.name),
     ]
     if peers:
         sections.append(Section("ping", pings, "ping", deadline + 5))
@@ -58,6 +64,24 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
     if host.is_head and inv.workers:
         sections.append(ssh_peer_section(inv.workers))
     return sections
+
+
+def time_section() -> Section:
+    """timedatectl where it works; else `chronyc tracking` after a marker (containers and minimal images without
+    systemd as PID 1); neither installed: the missing-tool mark for timedatectl."""
+    td = cmd("timedatectl", "show") + " 2>/dev/null || " + cmd("timedatectl")
+    return Section("time", Sh(
+        f"{{ command -v timedatectl >/dev/null 2>&1 && {{ {td}; }}; }} || "
+        f"{{ command -v chronyc >/dev/null 2>&1 && {{ echo {q(C.CHRONY_MARK)}; chronyc tracking; }}; }} || "
+        f"{{ command -v timedatectl >/dev/null 2>&1 || echo {q(MISSING_MARK + 'timedatectl')}; exit 127; }}"))
+
+
+def versions_section(rail: str) -> Section:
+    """The versions compared across ranks (parity): kernel, the rail NIC's driver and firmware, OFED/DOCA."""
+    return Section("versions", Sh(
+        "echo \"@@kernel $(uname -r)\"; "
+        f"ethtool -i {q(rail)} 2>/dev/null | grep -E '^(driver|version|firmware-version):'; "
+        "if command -v ofed_info >/dev/null 2>&1; then echo \"@@ofed $(ofed_info -s 2>/dev/null)\"; fi; exit 0"))
 
 
 def gpus_section() -> Section:
@@ -152,6 +176,7 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
         r["ntp"] = C.check_ntp(h, o["time"])
         r["disk"] = C.check_disk(h, o["df"], o["du"])
         r["gpu"] = C.check_gpu(h, o["gpus"], o["gpu_apps"])
+        r["gpu_health"] = C.check_gpu_health(h, o["gpu_health"], o.get("dmesg"))
         if h.is_head:
             r["ssh_peer"] = C.check_ssh_peer(h, o.get("ssh_peer"), inv.workers) if inv.workers else \
                 C.CheckResult(h.name, "ssh_peer", C.SKIP, "no workers")
@@ -160,6 +185,8 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
         per[name]["image"] = res
     for name, res in C.check_mtu(reachable, {h.name: probes[h.name].outputs["ip_link"] for h in reachable}).items():
         per[name]["mtu"] = res
+    for name, res in C.check_parity(reachable, {h.name: _versions(probes[h.name].outputs) for h in reachable}).items():
+        per[name]["parity"] = res
     for name, res in C.check_clock_skew(reachable, {h.name: probes[h.name].clock for h in reachable}).items():
         per[name]["clock_skew"] = res
     out = []
@@ -168,6 +195,18 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
             if name in per[h.name]:
                 out.append(per[h.name][name])
     return out
+
+
+def _versions(o: dict[str, Output]) -> dict[str, str | None]:
+    v = parse_versions(o["versions"].text) if o.get("versions") and o["versions"].rc is not None else {}
+    h = o.get("gpu_health")
+    if h is not None and h.ok:
+        try:
+            drivers = sorted({g.driver for g in parse_gpu_health(h.text)})
+            v["driver"] = ",".join(drivers) or None
+        except ValueError:
+            pass
+    return v
 
 
 def run_preflight(inv: Inventory) -> list[C.CheckResult]:

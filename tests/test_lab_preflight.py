@@ -35,7 +35,7 @@ def test_healthy_lab_passes_every_check(healthy_lab):
     assert doc["ok"] is True
     checks = {(c["host"], c["check"]): c for c in doc["checks"]}
     expected = {"ssh", "docker", "image", "rail_link", "rail_ip", "link_speed", "mtu", "jumbo_ping", "route",
-                "gid", "ntp", "clock_skew", "disk", "gpu"}
+                "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "parity"}
     assert {c for h, c in checks if h == "B"} == expected
     assert {c for h, c in checks if h == "A"} == expected | {"ssh_peer"}
     assert all(c["status"] == "pass" for c in doc["checks"])
@@ -48,7 +48,7 @@ def test_healthy_lab_passes_every_check(healthy_lab):
 def test_table_output_and_exit_code(healthy_lab):
     r = inv_cmd("preflight", "-i", str(healthy_lab))
     assert r.returncode == 0
-    assert "jumbo_ping" in r.stdout and "PASS" in r.stdout and "OK: 29 pass across 2 host(s)" in r.stdout
+    assert "jumbo_ping" in r.stdout and "PASS" in r.stdout and "OK: 33 pass across 2 host(s)" in r.stdout
 
 
 # (fault, value, host, check, words in detail or evidence)
@@ -83,6 +83,33 @@ def test_fault_fails_the_expected_check_and_heal_restores(healthy_lab, kind, val
     assert (other, check) not in failing(results) or check in ("clock_skew",)
     faults.heal()
     assert failing(preflight(healthy_lab)) == []
+
+
+def test_gpu_health_parity_and_chrony_faults_each_fail_their_check_once(healthy_lab):
+    """One preflight run with four faults on the lab's stand-ins (real formats: nvidia-smi's health query,
+    dmesg's Xid line, chronyc tracking): each fails its own check, on its own host, with the fix."""
+    faults.fault("B", "gpu-ecc", "2")
+    faults.fault("A", "xid", "48")
+    faults.fault("B", "driver-mismatch", "570.195.03")
+    faults.fault("A", "missing-tool", "timedatectl")  # the host keeps time with chrony only
+    faults.fault("A", "ntp-unsynced")
+    res = by(preflight(healthy_lab))
+    ecc = res[("B", "gpu_health")]
+    assert ecc.status == "fail" and "2 uncorrectable ECC error(s)" in ecc.detail and "row remapping pending" in ecc.detail
+    assert "nvidia-smi -r" in ecc.hint
+    xid = res[("A", "gpu_health")]
+    assert xid.status == "fail" and "Xid 48 since boot" in xid.detail and "NVRM: Xid (PCI:" in xid.evidence
+    drv = res[("B", "parity")]
+    assert drv.status == "fail" and "NVIDIA driver 570.195.03" in drv.detail and "580.105.08" in drv.detail
+    assert res[("A", "parity")].status == "fail"  # two ranks, 1:1: both named
+    ntp = res[("A", "ntp")]
+    assert ntp.status == "fail" and ntp.detail.startswith("chrony: clock not synchronised"), ntp
+    assert res[("B", "ntp")].status == "pass" and res[("B", "gpu")].status == "pass"
+    faults.heal()
+    faults.fault("A", "missing-tool", "timedatectl")  # chrony alone, synchronised: a real pass, not a skip
+    res = by(preflight(healthy_lab))
+    assert res[("A", "ntp")].status == "pass" and "chrony: synchronised to C6120001 (ntp.lab)" in res[("A", "ntp")].detail
+    faults.heal()
 
 
 def test_mtu_fault_also_breaks_the_jumbo_ping_both_ways(healthy_lab):

@@ -7,6 +7,7 @@ Each active fault is recorded in the host's `state/faults.json` so `heal` undoes
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -274,6 +275,26 @@ def _image_heal(h, value):
         backup.replace(h.dir / "docker" / "images.json")
 
 
+def _number(kind: str, default: str):
+    def inject(h, value):
+        v = value or default
+        if not v.isdigit():
+            raise UsageError(f"lab.fault {kind}: {v!r} is not a whole number")
+        _write(h, kind, v)
+        return v
+    return inject
+
+
+def _version(kind: str, default: str):
+    def inject(h, value):
+        v = value or default
+        if not re.fullmatch(r"\d+(\.\d+){1,3}", v):
+            raise UsageError(f"lab.fault {kind}: {v!r} is not a version like {default}")
+        _write(h, kind, v)
+        return v
+    return inject
+
+
 def _anchor(h: LabHost) -> int:
     from . import anchor_pid
     return anchor_pid(h)
@@ -296,6 +317,12 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "docker-down": (_state_choice("docker-down", ("stopped", "permission"), "stopped or permission"),
                     _state_heal("docker-down"), "the Docker daemon is unreachable (stopped or permission)"),
     "image-mismatch": (_image_mismatch, _image_heal, "the host holds another digest of the pinned image"),
+    "gpu-ecc": (_number("gpu-ecc", "2"), _state_heal("gpu-ecc"), "N uncorrectable ECC errors (default 2) and a "
+                "pending row remap on the compute GPU (nvidia-smi)"),
+    "xid": (_number("xid", "79"), _state_heal("xid"), "an NVRM Xid N (default 79) for the compute GPU in the "
+            "kernel log (dmesg)"),
+    "driver-mismatch": (_version("driver-mismatch", "570.195.03"), _state_heal("driver-mismatch"),
+                        "the host reports another NVIDIA driver version (default 570.195.03)"),
 }
 
 

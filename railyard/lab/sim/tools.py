@@ -296,11 +296,25 @@ def _csv(args, header_names, rows, unit_cols):
     return 0
 
 
+def _driver():
+    return _state("driver-mismatch") or DRIVER  # the driver-mismatch fault: this host runs another driver
+
+
+def _health(g, target):
+    """The gpu-ecc fault's numbers on the compute GPU (target): uncorrectable ECC and a pending row remap,
+    as a real H200/GB300 reports them (`retired_pages.pending` is [N/A] on row-remapping GPUs)."""
+    ecc = _state("gpu-ecc")
+    n = int(ecc) if ecc and ecc.isdigit() and g is target else 0
+    return {"ecc": n, "pending": "Yes" if n else "No"}
+
+
 def nvidia_smi(args):
     gpus = _gpus()
+    target = next((x for x in gpus if not x["display"]), None)
+    driver = _driver()
     if "--version" in args:
-        print(f"NVIDIA-SMI version  : {DRIVER}\nNVML version        : {DRIVER.rsplit('.', 1)[0]}\n"
-              f"DRIVER version      : {DRIVER}\nCUDA Version        : 13.0")
+        print(f"NVIDIA-SMI version  : {driver}\nNVML version        : {driver.rsplit('.', 1)[0]}\n"
+              f"DRIVER version      : {driver}\nCUDA Version        : 13.0")
         return 0
     if not gpus:
         print("No devices were found")
@@ -315,7 +329,14 @@ def nvidia_smi(args):
                      "memory.used": ("memory.used [MiB]", lambda g: g["used"]),
                      "memory.total": ("memory.total [MiB]", lambda g: g["total"]),
                      "memory.free": ("memory.free [MiB]", lambda g: g["total"] - g["used"]),
-                     "driver_version": ("driver_version", lambda g: DRIVER)}
+                     "driver_version": ("driver_version", lambda g: driver),
+                     "ecc.errors.uncorrected.volatile.total": ("ecc.errors.uncorrected.volatile.total",
+                                                               lambda g: _health(g, target)["ecc"]),
+                     "ecc.errors.uncorrected.aggregate.total": ("ecc.errors.uncorrected.aggregate.total",
+                                                                lambda g: _health(g, target)["ecc"]),
+                     "retired_pages.pending": ("retired_pages.pending", lambda g: "[N/A]"),
+                     "remapped_rows.pending": ("remapped_rows.pending", lambda g: _health(g, target)["pending"]),
+                     "remapped_rows.failure": ("remapped_rows.failure", lambda g: "No")}
             items = gpus
         else:
             table = {"gpu_uuid": ("gpu_uuid", lambda p: p[0]["uuid"]), "pid": ("pid", lambda p: p[1][0]),
@@ -413,7 +434,7 @@ def _table(gpus):
     bar = "+-----------------------------------------+------------------------+----------------------+"
     print(time.strftime("%a %b %d %H:%M:%S %Y") + "       ")
     print("+-----------------------------------------------------------------------------------------+")
-    print(f"| NVIDIA-SMI {DRIVER}             Driver Version: {DRIVER}     CUDA Version: 13.0     |")
+    print(f"| NVIDIA-SMI {_driver()}             Driver Version: {_driver()}     CUDA Version: 13.0     |")
     print(bar)
     print("| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |")
     print("| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |")
@@ -466,6 +487,61 @@ def timedatectl(args):
     print(f"System clock synchronized: {'yes' if synced else 'no'}")
     print("              NTP service: active")
     print("          RTC in local TZ: no")
+    return 0
+
+
+# ---------------------------------------------------------------- chronyc (hosts that keep time with chrony)
+
+def chronyc(args):
+    """`chronyc tracking` as chrony 4 prints it (tests/fixtures/real/chronyc): synchronised to a lab NTP server,
+    or, under the ntp-unsynced fault, no source selected. The clock-skew fault shows as the offset."""
+    if args[:1] != ["tracking"]:
+        print("Unrecognized command")
+        return 1
+    skew = float(_state("clock-skew", "0") or 0)
+    if _state("ntp", "yes") != "yes":
+        print("Reference ID    : 00000000 ()\nStratum         : 0\nRef time (UTC)  : Thu Jan 01 00:00:00 1970\n"
+              "System time     : 0.000000000 seconds fast of NTP time\nLast offset     : +0.000000000 seconds\n"
+              "RMS offset      : 0.000000000 seconds\nFrequency       : 0.000 ppm slow\n"
+              "Residual freq   : +0.000 ppm\nSkew            : 0.000 ppm\nRoot delay      : 1.000000000 seconds\n"
+              "Root dispersion : 1.000000000 seconds\nUpdate interval : 0.0 seconds\nLeap status     : Not synchronised")
+        return 0
+    off = skew + 0.000052616
+    ref = time.strftime("%a %b %d %H:%M:%S %Y", time.gmtime(time.time() - 64))
+    print(f"Reference ID    : C6120001 (ntp.lab)\nStratum         : 2\nRef time (UTC)  : {ref}\n"
+          f"System time     : {abs(off):.9f} seconds {'fast' if off >= 0 else 'slow'} of NTP time\n"
+          "Last offset     : -0.000193872 seconds\nRMS offset      : 0.000803415 seconds\n"
+          "Frequency       : 18.484 ppm slow\nResidual freq   : -0.085 ppm\nSkew            : 1.881 ppm\n"
+          "Root delay      : 0.011188857 seconds\nRoot dispersion : 0.001274664 seconds\n"
+          "Update interval : 129.2 seconds\nLeap status     : Normal")
+    return 0
+
+
+# ---------------------------------------------------------------- dmesg (the kernel log's NVIDIA lines)
+
+def dmesg(args):
+    """The NVRM lines a real H200 host's kernel log holds after boot (tests/fixtures/real/gpu-health), plus the
+    xid fault's `NVRM: Xid (PCI:...): N, ...` line for the compute GPU, in dmesg's `[secs]` or `-T` form."""
+    boot = time.time() - 3600
+    lines = [(0.515025, f"NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  {_driver()}  Release Build  "
+                        "(dvs-builder@U22-I3-B10-02-5)  Mon Jun  2 13:13:04 UTC 2025"),
+             (3.543276, "NVRM: Persistence mode is deprecated and will be removed in a future release. Please use "
+                        "nvidia-persistenced instead.")]
+    xid = _state("xid")
+    if xid:
+        gpu = next((g for g in _gpus() if not g["display"]), None)
+        if gpu:
+            bus = gpu["bus"].lower()[4:].rsplit(".", 1)[0]  # 00000000:0A:00.0 -> 0000:0a:00
+            msg = {"79": "GPU has fallen off the bus.", "48": "An uncorrectable double bit error (DBE) has been "
+                   "detected on GPU in the framebuffer at physAddr 0x7fffa8860 partition 7, subpartition 1.",
+                   "13": "Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter"}
+            lines.append((1843.308145, f"NVRM: Xid (PCI:{bus}): {xid}, pid='<unknown>', name=<unknown>, "
+                                       f"{msg.get(xid, 'Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005')}"))
+    for secs, text in lines:
+        if "-T" in args or "--ctime" in args:
+            print(time.strftime("[%a %b %e %H:%M:%S %Y] ", time.localtime(boot + secs)) + text)
+        else:
+            print(f"[{secs:12.6f}] {text}")
     return 0
 
 
@@ -1400,7 +1476,7 @@ CONTAINER_COMMANDS = {"run": _run, "ps": _ps, "inspect": _inspect_containers, "l
 
 
 TOOLS = {"ibdev2netdev": ibdev2netdev, "show_gids": show_gids, "nvidia-smi": nvidia_smi, "lscpu": lscpu,
-         "timedatectl": timedatectl, "docker": docker}
+         "timedatectl": timedatectl, "docker": docker, "chronyc": chronyc, "dmesg": dmesg}
 
 
 def main():

@@ -1,0 +1,133 @@
+"""Preflight's GPU health, parity, chrony and one-host clock checks on real captured output (issue 15).
+
+Origins: tests/fixtures/real/gpu-health/ORIGINS.md (an H200 device machine), chronyc/ and dmesg/ in
+FORMATS-ORIGINS.md."""
+
+from railyard import checks as C
+from railyard import facts as F
+from railyard.inventory import Host
+from railyard.probe import Output
+
+from .conftest import REAL
+
+GH = REAL / "gpu-health"
+
+
+def host(name="A", **vars):
+    base = {"preflight_max_clock_skew_ms": 500}
+    base.update(vars)
+    return Host(name=name, rank=0, address="127.0.0.1", port=22, user="", connection="ssh", key_file="", rails={},
+                vars=base)
+
+
+def out(text, rc=0, missing=None):
+    return Output(rc, text, missing)
+
+
+H200_CSV = (GH / "h200-nvidia-smi-query-health-csv-noheader-nounits.txt").read_text()
+H200_DMESG = (GH / "h200-dmesg-T-grep.txt").read_text()
+
+
+def test_real_h200_health_row_parses_with_its_na_fields():
+    (g,) = F.parse_gpu_health(H200_CSV)
+    assert (g.index, g.uuid, g.bus_id, g.driver) == (0, "GPU-621b2938-8e28-8216-3d85-acfd0c90ba86", "00000000:00:06.0",
+                                                     "580.159.04")
+    assert (g.ecc_uncorrected_volatile, g.ecc_uncorrected_aggregate) == (0, 0)
+    assert g.retired_pages_pending is None  # [N/A] on a row-remapping GPU
+    assert (g.remapped_rows_pending, g.remapped_rows_failure) == (False, False)
+    # the header form (same real capture with header) reads the same
+    assert F.parse_gpu_health((GH / "h200-nvidia-smi-query-health-csv.txt").read_text()) == [g]
+    # and nvidia-smi -q of the same GPU agrees: no pending remap, no uncorrectable DRAM error
+    q = (GH / "h200-nvidia-smi-q-d-ecc-page-retirement-row-remapper.txt").read_text()
+    assert "Pending                                        : No" in q and "DRAM Uncorrectable                         : 0" in q
+
+
+def test_healthy_h200_passes_only_with_the_kernel_log_read():
+    # the real dmesg lines of that host hold NVRM lines but no Xid: only the grep for Xid reaches the check
+    xid_only = "".join(line + "\n" for line in H200_DMESG.splitlines() if "NVRM: Xid" in line)
+    r = C.check_gpu_health(host(), out(H200_CSV), out(xid_only))
+    assert r.status == "pass" and "no Xid since boot" in r.detail and "remapped_rows.pending=No" in r.evidence
+    assert F.parse_xids(H200_DMESG) == []
+    denied = (REAL / "dmesg" / "local-dmesg-restricted-nonroot.txt").read_text()
+    w = C.check_gpu_health(host(), out(H200_CSV), out(denied, rc=1))
+    assert w.status == "warn" and "Operation not permitted" in w.detail and "dmesg_restrict" in w.hint
+
+
+def test_uncorrectable_ecc_and_pending_remap_fail_with_drain_and_reset():
+    row = H200_CSV.strip().split(", ")
+    row[4], row[5], row[7] = "2", "2", "Yes"  # the same row as the GPU would report after two DBEs
+    r = C.check_gpu_health(host(), out(", ".join(row) + "\n"), out(""))
+    assert r.status == "fail"
+    assert "2 uncorrectable ECC error(s)" in r.detail and "row remapping pending" in r.detail
+    assert "nvidia-smi -r -i 0" in r.hint and "RMA" in r.hint
+
+
+def test_xids_from_real_kernel_logs():
+    dbe = (REAL / "dmesg" / "web-syslog-kernel-xid48-dbe-xid64-gpu-operator.txt").read_text()
+    assert [(x.pci, x.code) for x in F.parse_xids(dbe)] == [("0000:07:00", 48), ("0000:07:00", 64)]
+    r = C.check_gpu_health(host(), out(H200_CSV), out(dbe))
+    assert r.status == "fail" and "Xid 48 since boot (uncorrectable ECC (DBE))" in r.detail
+    app = (REAL / "dmesg" / "web-dmesg-ctime-xid13-xid109-gpud.txt").read_text()
+    assert C.check_gpu_health(host(), out(H200_CSV), out(app)).status == "fail"  # 109: context switch timeout
+    only13 = "".join(line + "\n" for line in app.splitlines() if "): 13," in line)
+    w = C.check_gpu_health(host(), out(H200_CSV), out(only13))
+    assert w.status == "warn" and "Xid 13" in w.detail  # application-caused
+    assert F.pci_matches("0000:00:06", "00000000:00:06.0") and not F.pci_matches("0000:07:00", "00000000:00:06.0")
+
+
+def test_chrony_verdicts_from_real_tracking_output():
+    d = REAL / "chronyc"
+    ok = C.check_ntp(host(), out("@@chronyc\n" + (d / "web-chronyc-tracking-synced-stratum2-opensuse.txt").read_text()))
+    assert ok.status == "pass" and "55C7D664 (85.199.214.100), stratum 2" in ok.detail
+    t = F.parse_chrony_tracking((d / "web-chronyc-tracking-synced-stratum2-opensuse.txt").read_text())
+    assert t.offset_s == -0.000052616 and t.leap == "Normal"  # `slow of NTP time`: behind
+    bad = C.check_ntp(host(), out("@@chronyc\n" + (d / "web-chronyc-tracking-not-synchronised-refid-0.txt").read_text()))
+    assert bad.status == "fail" and "not synchronised" in bad.detail and "chronyc sources" in bad.hint
+    local = C.check_ntp(host(), out("@@chronyc\n" + (d / "web-chronyc-tracking-local-refclock-7F7F0101-no-leap-line.txt")
+                                    .read_text()))
+    assert local.status == "fail" and "local clock" in local.detail
+    # `Leap status : Normal` yet further off than the ranks may be: not a pass
+    off = C.check_ntp(host(preflight_max_clock_skew_ms=0.1),
+                      out("@@chronyc\n" + (d / "web-chronyc-tracking-synced-fast-stratum3.txt").read_text()))
+    assert off.status == "fail" and "0.000 s fast" in off.detail and "makestep" in off.hint
+    # timedatectl failing without systemd, then chrony's answer: chrony decides
+    td = (REAL / "timedatectl" / "local-timedatectl.txt").read_text()
+    both = C.check_ntp(host(), out(td + "@@chronyc\n" + (d / "web-chronyc-tracking-synced-fast-stratum3.txt").read_text()))
+    assert both.status == "pass"
+    dead = C.check_ntp(host(), out("@@chronyc\n506 Cannot talk to daemon\n"))
+    assert dead.status == "fail" and "no tracking data" in dead.detail
+
+
+def test_clock_skew_with_one_host_skips_instead_of_passing():
+    h = host()
+    res = C.check_clock_skew([h], {"A": C.ClockSample(0.001, 0.0005)})
+    assert res["A"].status == "skip" and "one host" in res["A"].detail
+    two = C.check_clock_skew([h, host("B")], {"A": C.ClockSample(0.001, 0.0005), "B": C.ClockSample(0.0, 0.0005)})
+    assert {r.status for r in two.values()} == {"pass"}
+
+
+def test_parity_names_the_odd_host_and_skips_one_host():
+    seen = {"A": {"driver": "580.105.08", "kernel": "6.8.0-60-generic", "nic_firmware": "28.39.1002 (MT_0000000834)"},
+            "B": {"driver": "580.105.08", "kernel": "6.8.0-60-generic", "nic_firmware": "28.39.1002 (MT_0000000834)"},
+            "C": {"driver": "570.195.03", "kernel": "6.8.0-60-generic", "nic_firmware": "28.39.1002 (MT_0000000834)"}}
+    hosts = [host(n) for n in "ABC"]
+    res = C.check_parity(hosts, seen)
+    assert res["A"].status == res["B"].status == "pass" and "NVIDIA driver 580.105.08" in res["A"].detail
+    assert res["C"].status == "fail" and "NVIDIA driver 570.195.03 (others: A 580.105.08, B 580.105.08, C 570.195.03)" \
+        in res["C"].detail and "hang at NCCL init" in res["C"].hint
+    pair = C.check_parity(hosts[:2], {"A": {"kernel": "6.8.0-60-generic"}, "B": {"kernel": "6.8.0-31-generic"}})
+    assert pair["A"].status == pair["B"].status == "fail"  # 1:1: both sides named
+    assert C.check_parity(hosts[:1], seen)["A"].status == "skip"
+    # a version one rank lacks is a difference too (OFED on one host only)
+    ofed = C.check_parity(hosts[:2], {"A": {"ofed": "MLNX_OFED_LINUX-24.10-1.1.4.0"}, "B": {}})
+    assert "OFED/DOCA not found" in ofed["B"].detail
+
+
+def test_versions_section_reads_kernel_ethtool_and_ofed():
+    text = ("@@kernel " + (GH / "h200-uname-r.txt").read_text() +  # the real H200 host's `uname -r`
+            "driver: mlx5_core\nversion: 24.10-1.1.4\nfirmware-version: 28.39.1002 (MT_0000000834)\n"
+            "@@ofed MLNX_OFED_LINUX-24.10-1.1.4.0:\n")
+    v = F.parse_versions(text)
+    assert v == {"kernel": "6.18.44-fc-v973-gpu", "nic_driver": "mlx5_core 24.10-1.1.4",
+                 "nic_firmware": "28.39.1002 (MT_0000000834)", "ofed": "MLNX_OFED_LINUX-24.10-1.1.4.0"}
+    assert F.parse_versions("@@kernel 6.1.0\ndriver: veth\nversion: 1.0\nfirmware-version: \n")["nic_firmware"] is None
