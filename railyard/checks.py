@@ -17,7 +17,7 @@ from .probe import Output, split_blocks
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
 CHECKS = ("ssh", "docker", "image", "rail_link", "rail_ip", "link_speed", "mtu", "jumbo_ping", "route",
-          "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "parity", "ssh_peer")
+          "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity", "ssh_peer")
 
 
 @dataclass(frozen=True)
@@ -553,13 +553,122 @@ def _na(v) -> str:
     return "N/A" if v is None else ("Yes" if v is True else "No" if v is False else str(v))
 
 
+# ---------------------------------------------------------------- GPUDirect RDMA readiness
+
+def _gdr_parts(text: str) -> dict[str, str]:
+    parts: dict[str, list[str]] = {}
+    cur = None
+    for line in text.splitlines():
+        if line.startswith("@@gdr "):
+            cur = line[6:].strip()
+            parts[cur] = []
+        elif cur is not None:
+            parts[cur].append(line)
+    return {k: "\n".join(v) for k, v in parts.items()}
+
+
+def _kernel_at_least(release: str | None, major: int, minor: int) -> bool:
+    import re
+    m = re.match(r"(\d+)\.(\d+)", release or "")
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (major, minor)
+
+
+def check_gdr(host: Host, out: Output, kernel: str | None) -> CheckResult:
+    """Before the model loads: GPU peer memory for the NIC (nvidia_peermem, or DMA-BUF: the open kernel module on
+    Linux >= 5.12), the rail HCA's port PORT_ACTIVE with link layer Ethernet (RoCE), no ACS redirect on PCIe
+    switch downstream ports (it sends GPU<->NIC traffic up through the root complex), and the rail's error
+    counters steady across the probe."""
+    bad = unusable(host, "gdr", out, "lsmod/ibv_devinfo/lspci")
+    if bad:
+        return bad
+    rail = host.serve_rail
+    p = _gdr_parts(out.text)
+    fails, warns, hints, ev = [], [], [], []
+    mods = F.parse_modules(p.get("modules", ""))
+    nvver = p.get("nvidia", "")
+    open_module = "Open Kernel Module" in nvver
+    if "nvidia_peermem" in mods:
+        ev.append("nvidia_peermem loaded")
+    elif open_module and _kernel_at_least(kernel, 5, 12):
+        ev.append(f"DMA-BUF: NVIDIA open kernel module on {kernel}")
+    else:
+        why = "the proprietary module" if nvver.strip() else "no /proc/driver/nvidia/version"
+        fails.append(f"no GPU peer memory for the NIC: nvidia_peermem not loaded and no DMA-BUF ({why}"
+                     f"{', kernel ' + kernel if kernel else ''})")
+        hints.append("sudo modprobe nvidia_peermem (and persist it in /etc/modules-load.d/), or use the open kernel "
+                     "module (nvidia-driver-NNN-open) on Linux >= 5.12 for DMA-BUF")
+    ibv = p.get("ibv", "")
+    if "@@missing" in ibv or not ibv.strip():
+        warns.append("ibv_devinfo not found: the port state and link layer were not read")
+        hints.append("install the DOCA-Host / MLNX_OFED user tools (ibv_devinfo)")
+    else:
+        try:
+            info = F.parse_ibv_devinfo(ibv)
+            port = info.ports.get(1) or next(iter(info.ports.values()), None)
+            if port is None:
+                fails.append(f"{rail.hca}: no port in ibv_devinfo")
+            else:
+                ev.append(f"{info.hca} port {port.port} {port.state}, link_layer {port.link_layer}")
+                if port.state != "PORT_ACTIVE":
+                    fails.append(f"{info.hca} port {port.port} is {port.state}, not PORT_ACTIVE")
+                    hints.append(f"bring the rail up: cable/transceiver, `ip link set {rail.name} up`, then "
+                                 f"`ibv_devinfo -d {rail.hca}`")
+                if port.link_layer != "Ethernet":
+                    fails.append(f"{info.hca} link layer is {port.link_layer or 'unknown'}, not Ethernet (RoCE)")
+                    hints.append(f"set the port to Ethernet: mlxconfig -d {rail.hca} set LINK_TYPE_P1=2, then reboot")
+        except F.ParseError:
+            fails.append(f"ibv_devinfo -d {rail.hca} gave no device: {_first_lines(ibv, 1)}")
+            hints.append(f"check the HCA name ({rail.hca}) against `ibv_devices`")
+    lspci = p.get("lspci", "")
+    if "@@missing" in lspci:
+        warns.append("lspci not found: ACS on the GPU-NIC path was not read")
+        hints.append("apt-get install pciutils")
+    else:
+        acs, denied = F.parse_lspci_acs(lspci)
+        redirect = [a for a in acs if a.port == "Downstream Port" and (a.acsctl.get("ReqRedir") or a.acsctl.get("CmpltRedir"))]
+        if redirect:
+            fails.append("ACS redirects peer-to-peer on PCIe switch port(s) " + ", ".join(a.bdf for a in redirect[:6]))
+            ev.extend(f"{a.bdf} {a.line}" for a in redirect[:2])
+            hints.append("disable ACS on the PCIe switch ports (BIOS: ACS/PCIe ACS Control off, or at boot: "
+                         "setpci -s BDF ECAP_ACS+0x6.w=0000 for each listed port); GPUDirect RDMA needs the GPU and "
+                         "NIC to talk through the switch")
+        elif denied and not acs:
+            warns.append("PCI capabilities hidden (lspci not run as root): ACS not read")
+            hints.append("allow `sudo -n lspci` for the preflight user, or run preflight as root")
+        else:
+            down = [a for a in acs if a.port == "Downstream Port"]
+            ev.append(f"ACS off on {len(down)} switch downstream port(s)" if down else "no PCIe switch with ACS")
+    s1, s2 = F.parse_ethtool_stats(p.get("stats1", "")), F.parse_ethtool_stats(p.get("stats2", ""))
+    err1 = {k: v for k, v in s1.items() if F.RAIL_ERROR_COUNTERS.search(k)}
+    err2 = {k: v for k, v in s2.items() if F.RAIL_ERROR_COUNTERS.search(k)}
+    moved = {k: err2[k] - err1.get(k, 0) for k in err2 if err2[k] > err1.get(k, 0)}
+    if moved:
+        fails.append(f"{rail.name} error counters moving: " +
+                     ", ".join(f"{k} +{d}" for k, d in sorted(moved.items())[:5]))
+        hints.append(f"a bad cable, transceiver or switch port on {rail.name}: `ethtool -S {rail.name}`, "
+                     f"`ethtool -m {rail.name}` (optics), reseat or replace; check the switch port's counters")
+    nonzero = {k: v for k, v in err2.items() if v}
+    if err2:
+        ev.append(f"{rail.name} counters: " + (", ".join(f"{k}={v}" for k, v in sorted(nonzero.items())[:4])
+                                               if nonzero else "all error counters 0"))
+    else:
+        ev.append(f"{rail.name}: no error counters exposed by its driver")
+    if fails:
+        return CheckResult(host.name, "gdr", FAIL, "; ".join(fails), " | ".join(ev), "; ".join(dict.fromkeys(hints)))
+    if warns:
+        return CheckResult(host.name, "gdr", WARN, "; ".join(warns), " | ".join(ev), "; ".join(dict.fromkeys(hints)))
+    return CheckResult(host.name, "gdr", PASS, "GPUDirect RDMA ready: " + "; ".join(ev[:3]), " | ".join(ev))
+
+
 # ---------------------------------------------------------------- parity across ranks
 
 PARITY_WHAT = {"driver": "NVIDIA driver", "kernel": "kernel", "nic_firmware": "rail NIC firmware",
+               "hca_firmware": "rail HCA firmware (ibv_devinfo)",
                "nic_driver": "rail NIC driver", "ofed": "OFED/DOCA"}
 PARITY_FIX = {"driver": "install the same NVIDIA driver on every rank (a mismatch is a classic hang at NCCL init)",
               "kernel": "boot every rank into the same kernel (and its matching driver modules)",
               "nic_firmware": "flash the same ConnectX firmware on every rank (mlxfwmanager / mstflint)",
+              "hca_firmware": "flash the same ConnectX firmware on every rank (mlxfwmanager / mstflint)",
               "nic_driver": "install the same mlx5 driver (DOCA-Host / MLNX_OFED) on every rank",
               "ofed": "install the same DOCA-Host / MLNX_OFED release on every rank"}
 

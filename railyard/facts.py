@@ -641,3 +641,104 @@ def parse_versions(text: str) -> dict[str, str | None]:
         elif s.startswith("version:") and out.get("nic_driver"):
             out["nic_driver"] = f"{out['nic_driver']} {s[8:].strip()}".strip()
     return out
+
+
+# ---------------------------------------------------------------- GPUDirect RDMA readiness
+
+def parse_modules(text: str) -> set[str]:
+    """Module names from `lsmod` (header `Module  Size  Used by`) or `/proc/modules` (`name size refs deps state`)."""
+    names = set()
+    for raw in text.splitlines():
+        parts = raw.split()
+        if len(parts) >= 2 and parts[0] != "Module" and parts[1].isdigit():
+            names.add(parts[0])
+    return names
+
+
+@dataclass(frozen=True)
+class IbPort:
+    port: int
+    state: str         # PORT_ACTIVE, PORT_DOWN, PORT_INIT, ...
+    link_layer: str    # Ethernet (RoCE) or InfiniBand
+    active_mtu: int | None
+
+
+@dataclass(frozen=True)
+class IbDevInfo:
+    hca: str
+    fw_ver: str | None
+    ports: dict[int, IbPort]
+
+
+def parse_ibv_devinfo(text: str) -> IbDevInfo:
+    """`ibv_devinfo -d HCA` (tab-indented `key:\\tvalue`, ports as `port:\\tN` blocks)."""
+    hca, fw, ports, cur = None, None, {}, None
+    for raw in text.splitlines():
+        k, sep, v = raw.strip().partition(":")
+        if not sep:
+            continue
+        v = v.strip()
+        if k == "hca_id":
+            hca = v
+        elif k == "fw_ver":
+            fw = v
+        elif k == "port" and v.isdigit():
+            cur = {"port": int(v), "state": "", "link_layer": "", "active_mtu": None}
+            ports[int(v)] = cur
+        elif cur is not None and k == "state":
+            cur["state"] = v.split()[0]
+        elif cur is not None and k == "link_layer":
+            cur["link_layer"] = v
+        elif cur is not None and k == "active_mtu":
+            cur["active_mtu"] = int(v.split()[0]) if v.split()[0].isdigit() else None
+    if hca is None:
+        raise ParseError(f"not ibv_devinfo output: {text.strip()[:120]!r}")
+    return IbDevInfo(hca, fw, {n: IbPort(**p) for n, p in ports.items()})
+
+
+@dataclass(frozen=True)
+class PciAcs:
+    bdf: str
+    name: str
+    port: str            # the Express capability's port type: Root Port, Downstream Port, Upstream Port, Endpoint, ...
+    acsctl: dict[str, bool]
+    line: str
+
+
+_EXPRESS = re.compile(r"Express \(v\d\) (Root Port|Downstream Port|Upstream Port|Endpoint|Legacy Endpoint)|"
+                      r"Express (Root Port|Downstream Port|Upstream Port|Endpoint)")
+
+
+def parse_lspci_acs(text: str) -> tuple[list[PciAcs], bool]:
+    """`lspci -vvv`: each device with an ACSCtl line, and whether capabilities were hidden (`<access denied>`:
+    not root)."""
+    out: list[PciAcs] = []
+    denied = "<access denied>" in text
+    bdf = name = port = None
+    for raw in text.splitlines():
+        if raw and not raw[0].isspace():
+            head = raw.split(" ", 1)
+            bdf, name, port = head[0], head[1] if len(head) > 1 else "", ""
+            continue
+        m = _EXPRESS.search(raw)
+        if m:
+            port = m.group(1) or m.group(2)
+        s = raw.strip()
+        if s.startswith("ACSCtl:") and bdf:
+            flags = {f[:-1]: f.endswith("+") for f in s[7:].split() if f[-1:] in "+-"}
+            out.append(PciAcs(bdf, name, port or "", flags, s))
+    return out, denied
+
+
+def parse_ethtool_stats(text: str) -> dict[str, int]:
+    """`ethtool -S IFACE`: `     name: value` lines (the `NIC statistics:` header is skipped)."""
+    out = {}
+    for raw in text.splitlines():
+        k, sep, v = raw.strip().partition(": ")
+        if sep and v.strip().lstrip("-").isdigit():
+            out[k] = int(v)
+    return out
+
+
+RAIL_ERROR_COUNTERS = re.compile(r"(symbol_err|crc_err|link_down_events|discards|_errors_phy|fec_uncorrect|"
+                                 r"out_of_buffer|rx_err_lane|excessive_buffer_overrun)")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from . import checks as C
 from .inventory import Host, Inventory
-from .facts import HEALTH_FIELDS, parse_gpu_health, parse_versions
+from .facts import HEALTH_FIELDS, parse_gpu_health, parse_ibv_devinfo, parse_versions
 from .probe import MISSING_MARK, Output, Section, fan_out, joined_script, new_token, split_output
 from .runner import Runner
 from .transport import RemotePath, Session, Sh, cmd, q
@@ -57,6 +57,7 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
         Section("dmesg", Sh("o=$(dmesg 2>&1); rc=$?; if [ $rc -ne 0 ]; then printf '%s\\n' \"$o\" | head -n 3; "
                             "exit $rc; fi; printf '%s\\n' \"$o\" | grep -F 'NVRM: Xid' | tail -n 50; exit 0"), "dmesg"),
         versions_section(rail.name),
+        gdr_section(rail.name, rail.hca),
     ]
     if peers:
         sections.append(Section("ping", pings, "ping", deadline + 5))
@@ -82,6 +83,25 @@ def versions_section(rail: str) -> Section:
         "echo \"@@kernel $(uname -r)\"; "
         f"ethtool -i {q(rail)} 2>/dev/null | grep -E '^(driver|version|firmware-version):'; "
         "if command -v ofed_info >/dev/null 2>&1; then echo \"@@ofed $(ofed_info -s 2>/dev/null)\"; fi; exit 0"))
+
+
+GDR_COUNTERS = "err|discard|link_down|fec_uncorrect|out_of_buffer"
+
+
+def gdr_section(rail: str, hca: str) -> Section:
+    """GPUDirect RDMA readiness in one shell: kernel modules, the NVIDIA driver flavour, the rail HCA's port,
+    ACS on the PCIe bridges (lspci needs root for capabilities: `sudo -n`, never a prompt), and the rail's error
+    counters read twice, half a second apart."""
+    stats = f"ethtool -S {q(rail)} 2>/dev/null | grep -E {q(GDR_COUNTERS)}"
+    pci = "lspci -vvv 2>/dev/null | grep -E '^[0-9a-f]|Express|ACSCtl|access denied'"
+    return Section("gdr", Sh(
+        "echo '@@gdr modules'; if command -v lsmod >/dev/null 2>&1; then lsmod; else cat /proc/modules; fi; "
+        "echo '@@gdr nvidia'; cat /proc/driver/nvidia/version 2>/dev/null; "
+        f"echo '@@gdr ibv'; if command -v ibv_devinfo >/dev/null 2>&1; then ibv_devinfo -d {q(hca)} 2>&1; "
+        "else echo @@missing; fi; "
+        f"echo '@@gdr lspci'; if command -v lspci >/dev/null 2>&1; then {{ sudo -n {pci} || {pci}; }} 2>/dev/null; "
+        "else echo @@missing; fi; "
+        f"echo '@@gdr stats1'; {stats}; sleep 0.5; echo '@@gdr stats2'; {stats}; exit 0"), timeout=20)
 
 
 def gpus_section() -> Section:
@@ -177,6 +197,7 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
         r["disk"] = C.check_disk(h, o["df"], o["du"])
         r["gpu"] = C.check_gpu(h, o["gpus"], o["gpu_apps"])
         r["gpu_health"] = C.check_gpu_health(h, o["gpu_health"], o.get("dmesg"))
+        r["gdr"] = C.check_gdr(h, o["gdr"], _versions(o).get("kernel"))
         if h.is_head:
             r["ssh_peer"] = C.check_ssh_peer(h, o.get("ssh_peer"), inv.workers) if inv.workers else \
                 C.CheckResult(h.name, "ssh_peer", C.SKIP, "no workers")
@@ -199,6 +220,13 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
 
 def _versions(o: dict[str, Output]) -> dict[str, str | None]:
     v = parse_versions(o["versions"].text) if o.get("versions") and o["versions"].rc is not None else {}
+    g = o.get("gdr")
+    if g is not None and g.rc is not None:
+        ibv = C._gdr_parts(g.text).get("ibv", "")
+        try:
+            v["hca_firmware"] = parse_ibv_devinfo(ibv).fw_ver
+        except ValueError:
+            pass
     h = o.get("gpu_health")
     if h is not None and h.ok:
         try:

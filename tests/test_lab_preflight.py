@@ -35,7 +35,7 @@ def test_healthy_lab_passes_every_check(healthy_lab):
     assert doc["ok"] is True
     checks = {(c["host"], c["check"]): c for c in doc["checks"]}
     expected = {"ssh", "docker", "image", "rail_link", "rail_ip", "link_speed", "mtu", "jumbo_ping", "route",
-                "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "parity"}
+                "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity"}
     assert {c for h, c in checks if h == "B"} == expected
     assert {c for h, c in checks if h == "A"} == expected | {"ssh_peer"}
     assert all(c["status"] == "pass" for c in doc["checks"])
@@ -48,7 +48,7 @@ def test_healthy_lab_passes_every_check(healthy_lab):
 def test_table_output_and_exit_code(healthy_lab):
     r = inv_cmd("preflight", "-i", str(healthy_lab))
     assert r.returncode == 0
-    assert "jumbo_ping" in r.stdout and "PASS" in r.stdout and "OK: 33 pass across 2 host(s)" in r.stdout
+    assert "jumbo_ping" in r.stdout and "PASS" in r.stdout and "OK: 35 pass across 2 host(s)" in r.stdout
 
 
 # (fault, value, host, check, words in detail or evidence)
@@ -110,6 +110,24 @@ def test_gpu_health_parity_and_chrony_faults_each_fail_their_check_once(healthy_
     res = by(preflight(healthy_lab))
     assert res[("A", "ntp")].status == "pass" and "chrony: synchronised to C6120001 (ntp.lab)" in res[("A", "ntp")].detail
     faults.heal()
+
+
+def test_gpudirect_rdma_readiness_faults_fail_gdr_with_the_fix(healthy_lab):
+    """nvidia_peermem unloaded (lsmod), ACS redirect on the switch ports (lspci -vvv), rail counters climbing
+    between two reads (ethtool -S): one preflight run, each named in gdr with its fix."""
+    faults.fault("A", "no-peermem")
+    faults.fault("B", "acs-redirect")
+    faults.fault("B", "rail-errors")
+    res = by(preflight(healthy_lab))
+    a, b = res[("A", "gdr")], res[("B", "gdr")]
+    assert a.status == "fail" and "nvidia_peermem not loaded" in a.detail and "modprobe nvidia_peermem" in a.hint
+    assert "mlx5_1 port 1 PORT_ACTIVE, link_layer Ethernet" in a.evidence
+    assert b.status == "fail" and "ACS redirects peer-to-peer on PCIe switch port(s) 09:00.0, 09:01.0" in b.detail
+    assert "rx_symbol_err_phy +" in b.detail and "setpci" in b.hint and "ethtool -m cx8r1" in b.hint
+    faults.heal()
+    res = by(preflight(healthy_lab))
+    assert res[("A", "gdr")].status == "pass" and "nvidia_peermem loaded" in res[("A", "gdr")].detail
+    assert "ACS off on 2 switch downstream port(s)" in res[("B", "gdr")].evidence
 
 
 def test_mtu_fault_also_breaks_the_jumbo_ping_both_ways(healthy_lab):

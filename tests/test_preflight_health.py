@@ -131,3 +131,65 @@ def test_versions_section_reads_kernel_ethtool_and_ofed():
     assert v == {"kernel": "6.18.44-fc-v973-gpu", "nic_driver": "mlx5_core 24.10-1.1.4",
                  "nic_firmware": "28.39.1002 (MT_0000000834)", "ofed": "MLNX_OFED_LINUX-24.10-1.1.4.0"}
     assert F.parse_versions("@@kernel 6.1.0\ndriver: veth\nversion: 1.0\nfirmware-version: \n")["nic_firmware"] is None
+
+
+# ---------------------------------------------------------------- GPUDirect RDMA readiness
+
+def gdr_out(modules="", nvidia="", ibv="", lspci="", stats1="", stats2=""):
+    parts = {"modules": modules, "nvidia": nvidia, "ibv": ibv, "lspci": lspci, "stats1": stats1, "stats2": stats2}
+    return out("".join(f"@@gdr {k}\n{v}\n" for k, v in parts.items()))
+
+
+def rail_host():
+    from railyard.inventory import Rail
+    h = host()
+    import ipaddress
+    rail = Rail(name="cx8r1", hca="mlx5_0", ipv4=ipaddress.ip_interface("198.18.101.11/24"))
+    return h.__class__(**{**h.__dict__, "rails": {"cx8r1": rail}, "vars": {**h.vars, "cluster_serve_rail": "cx8r1"}})
+
+
+GD = REAL / "gdr"
+IBV = (REAL / "ibstat" / "ibv_devinfo_mlx5_0_roce_tpgds-aihub0001.txt").read_text()
+LSPCI = (GD / "web-lspci-vvv-plx-pex8747-downstream-port_acs-off.txt").read_text()
+LOSSY = (GD / "web-ethtool-S-grep-err-cx6dx-lossy-optic.txt").read_text()
+
+
+def test_gdr_passes_on_real_peermem_port_and_acs_and_steady_counters():
+    h = rail_host()
+    r = C.check_gdr(h, gdr_out((GD / "web-lsmod-grep-nvidia-mlx5_peermem-loaded.txt").read_text(), "", IBV, LSPCI,
+                               LOSSY, LOSSY), "6.8.0-60-generic")
+    assert r.status == "pass", r
+    assert "nvidia_peermem loaded" in r.detail and "mlx5_0 port 1 PORT_ACTIVE, link_layer Ethernet" in r.detail
+    assert "ACS off on 1 switch downstream port(s)" in r.evidence
+    assert "rx_crc_errors_phy=13147323" in r.evidence  # counted since boot, shown; only movement fails
+
+
+def test_gdr_dma_buf_counts_without_peermem_and_fails_without_either():
+    h = rail_host()
+    mods = (GH / "h200-proc-modules.txt").read_text()           # the H200 host: no nvidia_peermem
+    nv = (GH / "h200-proc-driver-nvidia-version.txt").read_text()  # but the open kernel module
+    ok = C.check_gdr(h, gdr_out(mods, nv, IBV, LSPCI), "6.18.44-fc-v973-gpu")
+    assert ok.status == "pass" and "DMA-BUF: NVIDIA open kernel module" in ok.detail
+    old = C.check_gdr(h, gdr_out(mods, nv, IBV, LSPCI), "5.4.0-150-generic")
+    assert old.status == "fail" and "nvidia_peermem not loaded and no DMA-BUF" in old.detail
+
+
+def test_gdr_fails_on_moving_counters_and_acs_redirect():
+    h = rail_host()
+    mods = (GD / "web-lsmod-grep-nvidia-mlx5_peermem-loaded.txt").read_text()
+    later = LOSSY.replace("13147323", "13147400")
+    r = C.check_gdr(h, gdr_out(mods, "", IBV, LSPCI, LOSSY, later), "6.8.0")
+    assert r.status == "fail" and "cx8r1 error counters moving: rx_crc_errors_phy +77" in r.detail
+    redirect = LSPCI.replace("ACSCtl: SrcValid- TransBlk- ReqRedir- CmpltRedir-",
+                             "ACSCtl: SrcValid+ TransBlk- ReqRedir+ CmpltRedir+")
+    a = C.check_gdr(h, gdr_out(mods, "", IBV, redirect, LOSSY, LOSSY), "6.8.0")
+    assert a.status == "fail" and "ACS redirects peer-to-peer on PCIe switch port(s) 03:08.0" in a.detail
+    # the same bits on a root port are not the GPU-NIC switch path: not flagged
+    root = redirect.replace("Downstream Port", "Root Port")
+    assert C.check_gdr(h, gdr_out(mods, "", IBV, root, LOSSY, LOSSY), "6.8.0").status == "pass"
+    down = C.check_gdr(h, gdr_out(mods, "", IBV.replace("PORT_ACTIVE (4)", "PORT_DOWN (1)")
+                                  .replace("Ethernet", "InfiniBand"), LSPCI), "6.8.0")
+    assert down.status == "fail" and "PORT_DOWN" in down.detail and "not Ethernet (RoCE)" in down.detail
+    hidden = C.check_gdr(h, gdr_out(mods, "", IBV, "03:08.0 PCI bridge: PLX\n\tCapabilities: <access denied>\n"),
+                         "6.8.0")
+    assert hidden.status == "warn" and "ACS not read" in hidden.detail

@@ -62,7 +62,8 @@ LAB_IMAGES = {
     ROUTER_IMAGE_NAME: {"digest": ROUTER_IMAGE_DIGEST, "config": {
         "Env": _IMAGE_PATH, "Entrypoint": ["vllm-router"], "WorkingDir": "/app"}},
 }
-SIM_TOOLS = ("ibdev2netdev", "show_gids", "nvidia-smi", "lscpu", "timedatectl", "docker", "chronyc", "dmesg")
+SIM_TOOLS = ("ibdev2netdev", "show_gids", "nvidia-smi", "lscpu", "timedatectl", "docker", "chronyc", "dmesg",
+             "lsmod", "ibv_devinfo", "lspci", "ethtool")
 HOST_TOOLS = ("vllm",)  # installed on the host itself (outside containers) where the shape says so
 SIM_SOURCE = Path(__file__).parent / "sim" / "tools.py"
 VLLM_SOURCE = Path(__file__).parent / "sim" / "vllm.py"

@@ -275,6 +275,21 @@ def _image_heal(h, value):
         backup.replace(h.dir / "docker" / "images.json")
 
 
+def _flag(kind: str):
+    def inject(h, value):
+        _write(h, kind, "1")
+        return "on"
+    return inject
+
+
+def _since(kind: str):
+    def inject(h, value):
+        import time
+        _write(h, kind, f"{time.time():.3f}")
+        return "on"
+    return inject
+
+
 def _number(kind: str, default: str):
     def inject(h, value):
         v = value or default
@@ -321,6 +336,11 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
                 "pending row remap on the compute GPU (nvidia-smi)"),
     "xid": (_number("xid", "79"), _state_heal("xid"), "an NVRM Xid N (default 79) for the compute GPU in the "
             "kernel log (dmesg)"),
+    "no-peermem": (_flag("no-peermem"), _state_heal("no-peermem"), "nvidia_peermem is not loaded (lsmod)"),
+    "acs-redirect": (_flag("acs-redirect"), _state_heal("acs-redirect"), "ACS ReqRedir/CmpltRedir on the PCIe "
+                     "switch ports above the GPU and the NIC (lspci -vvv)"),
+    "rail-errors": (_since("rail-errors"), _state_heal("rail-errors"), "the rail's symbol and CRC error counters "
+                    "climb (ethtool -S), as with a bad optic"),
     "driver-mismatch": (_version("driver-mismatch", "570.195.03"), _state_heal("driver-mismatch"),
                         "the host reports another NVIDIA driver version (default 570.195.03)"),
 }

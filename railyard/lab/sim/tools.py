@@ -545,6 +545,110 @@ def dmesg(args):
     return 0
 
 
+# ---------------------------------------------------------------- GPUDirect RDMA readiness: lsmod, ibv_devinfo,
+# lspci, ethtool -S (formats: tests/fixtures/real/gdr, ibstat; the rest of ethtool is the real one)
+
+def lsmod(args):
+    """The modules a DGX OS host with ConnectX rails runs (real lsmod layout); the no-peermem fault unloads
+    nvidia_peermem."""
+    peermem = _state("no-peermem") is None
+    mods = [("nvidia_uvm", 2093056, "0", ""), ("nvidia_peermem", 16384, "0", "") if peermem else None,
+            ("nvidia", 104153088, "2" if peermem else "1", "nvidia_uvm,nvidia_peermem" if peermem else "nvidia_uvm"),
+            ("mlx5_ib", 561152, "0", ""), ("ib_uverbs", 212992, "3" if peermem else "2",
+                                             ("nvidia_peermem," if peermem else "") + "rdma_ucm,mlx5_ib"),
+            ("ib_core", 528384, "8", "rdma_cm,ib_ipoib,iw_cm,ib_umad,rdma_ucm,ib_uverbs,mlx5_ib,ib_cm"),
+            ("mlx5_core", 3153920, "1", "mlx5_ib"), ("mlxfw", 36864, "1", "mlx5_core")]
+    print("Module                  Size  Used by")
+    for m in mods:
+        if m:
+            name, size, used, by = m
+            print(f"{name:<19}{size:>10}  {used} {by}".rstrip())
+    return 0
+
+
+def ibv_devinfo(args):
+    """`ibv_devinfo [-d HCA]` for the lab's ConnectX-8 rails (tab layout of the real tool); the port state follows
+    the rail netdev's carrier, the link layer is Ethernet (RoCE)."""
+    hcas = _hcas()
+    want = args[args.index("-d") + 1] if "-d" in args and args.index("-d") + 1 < len(args) else None
+    if want and want not in hcas:
+        print(f"Device {want} wasn't found")
+        return 255
+    for i, hca in enumerate(sorted(h for h in hcas if want in (None, h))):
+        netdev = hcas[hca]
+        up = _sys(netdev, "operstate") == "up" and _sys(netdev, "carrier") == "1"
+        mtu = int(_sys(netdev, "mtu") or 1500)
+        active = 4096 if mtu >= 4200 else 1024
+        guid = f"a088:c203:00{i:02x}:5a20"
+        print(f"hca_id:\t{hca}\n\ttransport:\t\t\tInfiniBand (0)\n\tfw_ver:\t\t\t\t40.45.1200\n"
+              f"\tnode_guid:\t\t\t{guid}\n\tsys_image_guid:\t\t\t{guid}\n\tvendor_id:\t\t\t0x02c9\n"
+              f"\tvendor_part_id:\t\t\t4131\n\thw_ver:\t\t\t\t0x0\n\tboard_id:\t\t\tMT_0000001070\n"
+              f"\tphys_port_cnt:\t\t\t1\n\t\tport:\t1\n"
+              f"\t\t\tstate:\t\t\t{'PORT_ACTIVE (4)' if up else 'PORT_DOWN (1)'}\n"
+              f"\t\t\tmax_mtu:\t\t4096 (5)\n\t\t\tactive_mtu:\t\t{active} ({5 if active == 4096 else 3})\n"
+              f"\t\t\tsm_lid:\t\t\t0\n\t\t\tport_lid:\t\t0\n\t\t\tport_lmc:\t\t0x00\n"
+              f"\t\t\tlink_layer:\t\tEthernet\n")
+    return 0
+
+
+def _pci_bridge(bdf, secondary, redirect):
+    acs = "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-" if redirect else \
+        "SrcValid- TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-"
+    return (f"{bdf} PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0) (prog-if 00 [Normal decode])\n"
+            "\tControl: I/O+ Mem+ BusMaster+ SpecCycle- MemWINV- VGASnoop- ParErr- Stepping- SERR+ FastB2B- DisINTx+\n"
+            f"\tBus: primary={bdf[:2]}, secondary={secondary}, subordinate={secondary}, sec-latency=0\n"
+            "\tCapabilities: [68] Express (v2) Downstream Port (Slot+), MSI 00\n"
+            "\tCapabilities: [f24 v1] Access Control Services\n"
+            "\t\tACSCap:\tSrcValid+ TransBlk+ ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl+ DirectTrans+\n"
+            f"\t\tACSCtl:\t{acs}\n\tKernel driver in use: pcieport\n")
+
+
+def lspci(args):
+    """`lspci -vvv`: the PCIe switch downstream ports above the compute GPU and the rail NIC (ACS off, as on a
+    DGX); the acs-redirect fault turns ReqRedir/CmpltRedir on, as a BIOS default can. Other forms: the list."""
+    redirect = _state("acs-redirect") is not None
+    gpu = next((g for g in _gpus() if not g["display"]), None)
+    gbus = (gpu["bus"].split(":")[1].lower() if gpu else "0a")
+    blocks = [_pci_bridge("09:00.0", gbus, redirect), _pci_bridge("09:01.0", "0b", redirect)]
+    if not any(a.startswith("-v") for a in args):
+        print(f"09:00.0 PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)\n"
+              f"09:01.0 PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)")
+        return 0
+    print("\n".join(blocks))
+    return 0
+
+
+def _real_ethtool():
+    for path in ("/usr/sbin/ethtool", "/sbin/ethtool", "/usr/bin/ethtool"):
+        if os.path.exists(path) and os.path.realpath(path) != os.path.realpath(__file__):
+            return path
+    return None
+
+
+def ethtool(args):
+    """The real ethtool, except `ethtool -S RAIL`: a ConnectX port's `_phy` counters (names and layout of mlx5's
+    `ethtool -S`); the rail-errors fault makes symbol and CRC errors climb, as a bad optic does."""
+    rails = set(_hcas().values())
+    if len(args) == 2 and args[0] in ("-S", "--statistics") and args[1] in rails:
+        since = _state("rail-errors")
+        bad = int((time.time() - float(since)) * 20000) + 1000 if since else 0
+        rx = int(_sys(args[1], "statistics/rx_packets") or 0)
+        tx = int(_sys(args[1], "statistics/tx_packets") or 0)
+        print("NIC statistics:")
+        for name, v in (("rx_packets", rx), ("tx_packets", tx), ("rx_out_of_buffer", 0), ("rx_packets_phy", rx),
+                        ("tx_packets_phy", tx), ("rx_crc_errors_phy", bad), ("rx_in_range_len_errors_phy", 0),
+                        ("rx_symbol_err_phy", bad), ("tx_errors_phy", 0), ("rx_discards_phy", 0),
+                        ("tx_discards_phy", 0), ("link_down_events_phy", 1 if since else 0),
+                        ("rx_pcs_symbol_err_phy", bad), ("rx_corrected_bits_phy", 0)):
+            print(f"     {name}: {v}")
+        return 0
+    real = _real_ethtool()
+    if real is None:
+        print("ethtool: not installed on the lab machine", file=sys.stderr)
+        return 127
+    os.execv(real, [real] + args)
+
+
 # ---------------------------------------------------------------- docker
 
 CLIENT = """Client: Docker Engine - Community
@@ -1476,7 +1580,8 @@ CONTAINER_COMMANDS = {"run": _run, "ps": _ps, "inspect": _inspect_containers, "l
 
 
 TOOLS = {"ibdev2netdev": ibdev2netdev, "show_gids": show_gids, "nvidia-smi": nvidia_smi, "lscpu": lscpu,
-         "timedatectl": timedatectl, "docker": docker, "chronyc": chronyc, "dmesg": dmesg}
+         "timedatectl": timedatectl, "docker": docker, "chronyc": chronyc, "dmesg": dmesg, "lsmod": lsmod,
+         "ibv_devinfo": ibv_devinfo, "lspci": lspci, "ethtool": ethtool}
 
 
 def main():
