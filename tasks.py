@@ -167,10 +167,12 @@ def nccl_check(c, inventory=None, sizes=None, timeout=None, json=False, set_=Non
 @task(name="up", help={"hosts": "number of test hosts (A, B, C, ...); default 2",
                        "shape": "station (a DGX Station: GB300 + display GPU, 2 rails; default) or hgx8 "
                                 "(8 GPUs on 2 NUMA nodes, 8 rails); another shape rebuilds the lab",
-                       "gpu": "the GPUs of an hgx8 host: H200 (default) or B200"})
-def lab_up(c, hosts=2, shape="station", gpu="H200"):
+                       "gpu": "the GPUs of an hgx8 host: H200 (default) or B200",
+                       "slurm": "also a real Slurm cluster over the hosts (munged, slurmctld, a slurmd per host; "
+                                "clients: SLURM_CONF=<lab>/slurm/slurm.conf)"})
+def lab_up(c, hosts=2, shape="station", gpu="H200", slurm=False):
     """Start the lab: N test hosts as network namespaces with sshd, rails and simulated GPU tools."""
-    cli.lab_up(int(hosts), shape, gpu)
+    cli.lab_up(int(hosts), shape, gpu, slurm)
 
 
 @task(name="down")

@@ -472,9 +472,9 @@ def _size(n: int) -> str:
 # ---------------------------------------------------------------- lab
 
 @entry
-def lab_up(hosts: int = 2, shape: str = "station", gpu: str = "H200") -> int:
+def lab_up(hosts: int = 2, shape: str = "station", gpu: str = "H200", slurm: bool = False) -> int:
     from . import lab
-    path = lab.up(hosts, log=lambda m: print(m, file=sys.stderr), shape=shape, gpu=gpu)
+    path = lab.up(hosts, log=lambda m: print(m, file=sys.stderr), shape=shape, gpu=gpu, slurm=slurm)
     print(path)
     return 0
 

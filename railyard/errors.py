@@ -50,8 +50,9 @@ class InventoryError(UsageError):
     """One or more problems found while loading or validating an inventory."""
 
     def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
+        # a value of all.vars or --set that every host carries is checked on each: one problem, once
+        self.problems = list({str(p): p for p in reversed(problems)}.values())[::-1]
+        super().__init__("\n".join(str(p) for p in self.problems))
 
 
 class LaunchError(RailyardError):

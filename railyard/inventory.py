@@ -57,6 +57,7 @@ MAX_YAML_BYTES = 4 << 20  # an inventory is kilobytes; refuse what no one wrote 
 LAYOUTS = ("multinode_tp", "single_node_tp", "dp_ep", "replicas", "pd")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+CONTAINER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{1,62}$")  # docker's [a-zA-Z0-9][a-zA-Z0-9_.-]+
 IFACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 HCA_RE = re.compile(r"^[A-Za-z0-9_]{1,32}$")
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?@sha256:[0-9a-f]{64}$")
@@ -64,6 +65,23 @@ REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
 CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?$")
+# Strings that become an address to bind or dial, a docker size, a name in a container name or a
+# program's option value: refused before SSH when they cannot be one (they are quoted regardless).
+ADDRESS_KEYS = ("vllm_bind", "litellm_bind", "lmcache_host", "lmcache_http_host", "pd_proxy_bind")
+_WORD = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+VALUE_RULES = {
+    **{k: (HOSTNAME_RE, "not an IP address or host name") for k in ADDRESS_KEYS},
+    **{k: (re.compile(r"^\d+[bkmgBKMG]?[bB]?$"), "not a size like 32g") for k in ("vllm_shm_size", "lmcache_shm_size")},
+    **{k: (_WORD, "not a name: letters, digits, _ . - (it is part of container names)")
+       for k in ("litellm_container_suffix", "lmcache_container_suffix")},
+    **{k: (_WORD, "not a value vLLM takes: letters, digits, _ . -")
+       for k in ("vllm_kv_cache_dtype", "vllm_tool_call_parser", "vllm_reasoning_parser", "vllm_all2all_backend",
+                 "model_quant_algo", "lmcache_eviction_policy", "litellm_routing_strategy", "pd_proxy_policy")},
+    "ansible_user": (re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"), "not a user name"),
+    "model_repo": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)?$"),
+                   "not a model id like org/name (it is the served model name)"),
+    "cluster_gpu_name": (re.compile(r"^[A-Za-z0-9 _.-]{1,64}$"), "not a GPU name like GB300 or H200"),
+}
 
 
 @dataclass(frozen=True)
@@ -560,6 +578,12 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         bad("vllm_image", "required: the image pinned by digest, name:tag@sha256:<64 hex>")
     elif not IMAGE_RE.match(values["vllm_image"]):
         bad("vllm_image", "must be pinned by digest: name:tag@sha256:<64 hex>")
+    if not CONTAINER_RE.match(str(values["vllm_container"])):
+        bad("vllm_container", "not a container name: letters, digits, _ . - (docker's rule), up to 63")
+    for k, (rule, what) in VALUE_RULES.items():
+        v = values.get(k)
+        if isinstance(v, str) and v and not (rule.match(v) or k in ADDRESS_KEYS and _is_ip(v)):
+            bad(k, what)
     if not REVISION_RE.match(values["model_revision"]):
         bad("model_revision", "must be a pinned 40-hex commit hash")
     if values["serve_layout"] not in LAYOUTS:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import select
 import shlex
@@ -27,6 +28,10 @@ import paramiko
 
 from .errors import CommandFailed
 from .inventory import Host
+
+# paramiko logs a failed handshake (a dropped banner) with its traceback from its own thread; railyard
+# reports the same failure once, classified, so those records go nowhere (no last-resort stderr).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 # ---------------------------------------------------------------- quoting
 

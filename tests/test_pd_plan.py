@@ -174,9 +174,8 @@ def test_a_decode_instance_over_two_hosts_starts_its_headless_ranks_first(tmp_pa
     (dict(hosts=3), ["the pool `decode` has 3 hosts (D1, D2, D3): not whole instances of 2"]),
     (dict(vllm_data_parallel_size=8), ["1 instances x tensor 1 x pipeline 1 x data 4 per host (8 over 2 hosts) = 4 "
                                        "GPUs on D1", "= 4 GPUs on D2"]),
-    (dict(vllm_data_parallel_size=15), ["vllm_data_parallel_size = 15: does not split over pd_hosts_per_instance: 2",
-                                        "vllm_data_parallel_size = 15: does not split"]),
-    (dict(pd_instances_per_host=2), ["pd_instances_per_host = 2: must be 1 when an instance spans hosts"] * 2),
+    (dict(vllm_data_parallel_size=15), ["vllm_data_parallel_size = 15: does not split over pd_hosts_per_instance: 2"]),
+    (dict(pd_instances_per_host=2), ["pd_instances_per_host = 2: must be 1 when an instance spans hosts"]),
 ])
 def test_an_instance_over_several_hosts_is_checked_before_any_ssh(tmp_path, kw, expects):
     r = inv_cmd("launch", "-i", str(_two_host_decode(tmp_path, **kw)), "--dry-run")

@@ -81,3 +81,41 @@ def test_runner_fans_out_and_contains_a_crash():
             return "fine"
         out = r.each(boom)
         assert out["L1"] == "fine" and out["L2"].error.kind == "ssh_error"
+
+
+def test_a_host_that_drops_the_handshake_is_one_classified_line_no_traceback(tmp_path):
+    """paramiko logs a dropped banner with a traceback from its own thread; the user sees railyard's line."""
+    import copy
+    import socket
+    import threading
+
+    import yaml
+
+    from .conftest import inv_cmd
+    from .test_inventory import BASE
+    stop = threading.Event()
+
+    def drop(srv):
+        while not stop.is_set():
+            try:
+                srv.accept()[0].close()
+            except socket.timeout:
+                pass
+
+    data = copy.deepcopy(BASE)
+    for h in data["all"]["children"]["stations"]["hosts"].values():
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        srv.settimeout(0.2)
+        threading.Thread(target=drop, args=(srv,), daemon=True).start()
+        h.update(ansible_host="127.0.0.1", ansible_port=srv.getsockname()[1])
+    p = tmp_path / "inv.yml"
+    p.write_text(yaml.safe_dump(data))
+    try:
+        r = inv_cmd("preflight", "-i", str(p), timeout=120)
+    finally:
+        stop.set()
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out and "paramiko" not in out, out[-2000:]
+    assert "dropped the connection" in out

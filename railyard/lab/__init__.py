@@ -397,10 +397,12 @@ def lab_host(root: Path, name: str) -> LabHost:
 
 # ---------------------------------------------------------------- up / down
 
-def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAPE, gpu: str = "H200") -> Path:
+def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAPE, gpu: str = "H200",
+       slurm: bool = False) -> Path:
     """Bring up N hosts of one shape (idempotent) and return the lab inventory's path. `gpu` is the
     GPU model of an hgx8 host (H200 or B200); a station always has its GB300. Another size or shape
-    rebuilds the lab; another GPU model only rewrites what the hosts' tools report."""
+    rebuilds the lab; another GPU model only rewrites what the hosts' tools report. slurm: a Slurm
+    cluster over the hosts too (railyard.lab.slurm; clients need SLURM_CONF=<lab>/slurm/slurm.conf)."""
     if not 1 <= n <= MAX_HOSTS:
         raise UsageError(f"--hosts {n}: must be between 1 and {MAX_HOSTS}")
     check_shape(shape, gpu)
@@ -436,6 +438,12 @@ def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAP
     procs = [_start_sshd(h) for h in hosts]
     _wait_sshd(hosts, procs)
     inv = _write_inventory(root, hosts, gpu)
+    if slurm:
+        from . import slurm as slurm_lab
+        gpus = {h.name: sum(not g["display"] for g in host_shape(shape, gpu, h.name)["gpus"]) for h in hosts}
+        slurm_lab.up(root, hosts, gpus, CONTROL_IP, session_env,
+                     lambda h: ["nsenter", "-t", str(anchor_pid(h)), "-n", "-m", "-u", "--"])
+        log(f"lab: Slurm up: {len(hosts)} idle nodes; SLURM_CONF={slurm_lab.conf_path(root)}")
     return inv
 
 
@@ -467,6 +475,8 @@ def down(path: str | None = None, log=print) -> None:
         log(f"lab: nothing at {root}")
         return
     hosts = [LabHost(n, i + 1, root, state.get("shape", DEFAULT_SHAPE)) for i, n in enumerate(state["hosts"])]
+    from . import slurm as slurm_lab
+    slurm_lab.down(root)  # its daemons first: slurmd would restart job steps on hosts going away
     for h in hosts:
         from . import faults
         faults.kill_recorded(h)
@@ -671,9 +681,14 @@ def in_host(h: LabHost, *argv: str, check: bool = True) -> subprocess.CompletedP
     return sh("nsenter", "-t", str(anchor_pid(h)), "-n", "-m", "-u", "--", *argv, check=check)
 
 
+def session_env(h: LabHost) -> dict[str, str]:
+    """What a session on the host gets (sshd's SetEnv; Slurm's task prolog): its tools first on PATH."""
+    return {"PATH": f"{h.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "RAILYARD_LAB_HOST_DIR": str(h.dir)}
+
+
 def write_sshd_config(h: LabHost) -> None:
-    env = {"PATH": f"{h.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-           "RAILYARD_LAB_HOST_DIR": str(h.dir)}
+    env = session_env(h)
     skew = h.state / "clock-skew"
     if skew.exists():
         lib = _faketime_lib()
