@@ -650,20 +650,23 @@ def bench(inventory: str | None = None, concurrency: str | None = None, isl: int
         slos = parse_slos(inv.head.vars.get("bench_slos") or [], "bench_slos")
     if dataset and (isl or prefix_prompts):
         raise UsageError("--dataset FILE takes its prompts from the file: leave out --isl and --prefix-prompts")
-    load = Load(isl=isl or 128, osl=osl or 64, isl_stddev=isl_stddev, osl_stddev=osl_stddev, dataset=dataset,
+    load = Load(isl=128 if isl is None else isl, osl=64 if osl is None else osl, isl_stddev=isl_stddev, osl_stddev=osl_stddev, dataset=dataset,
                 prefix_prompts=prefix_prompts, prefix_length=prefix_length, warmup_per_c=warmup,
                 requests_per_c=requests, seed=seed)
     check_usage(load)
     if tokenizer and not Path(tokenizer).is_dir():
         raise UsageError(f"--tokenizer {tokenizer}: no such directory")
+    swept = parse_sweep(sweep, inv) if sweep else None
+    if swept:  # every value checked as `inv launch` would, before the first relaunch (exit 2, no host touched)
+        from .serving import layouts
+        for v in swept[1]:
+            layouts.validated(_inventory(inventory, list(overrides or []) + [f"{swept[0]}={v}"]))
     opts = Options(concurrency=parse_concurrency(concurrency or "1,8,16,32"), load=load, slos=slos,
-                   sweep=parse_sweep(sweep, inv) if sweep else None, compare=load_compare(compare) if compare else None,
+                   sweep=swept, compare=load_compare(compare) if compare else None,
                    out=Path(out or "bench"), tokenizer=tokenizer, start_timeout=timeout)
     err = console(stderr=True)
     summary = run(inv, opts, overrides, err if not json_out else None, log=lambda m: err.print(m, style="dim",
                                                                                                highlight=False))
-    if opts.compare:
-        summary["_compare_doc"] = opts.compare
     rep = view.report(summary, require)
     if json_out:
         return rep.print_json()

@@ -11,6 +11,7 @@ marker holds exactly the pinned spec; it is never installed into a serving image
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -233,6 +234,32 @@ def parse_export(doc: dict, concurrency: int | None = None) -> Point:
     return Point(concurrency, metrics, int(done or 0), errors,
                  _convert(avg("benchmark_duration"), str(dur.get("unit", "sec")), "s") if isinstance(dur, dict) else None,
                  units, str(doc.get("aiperf_version", "")), list(doc.get("error_summary") or []))
+
+
+def record_errors(jsonl: str) -> dict[str, int]:
+    """profile_export.jsonl (one record per request) -> {"HTTP 401 Unauthorized: <message>": count}, the
+    measured phase's errors (all phases' when none was measured)."""
+    by_phase: dict[str, dict[str, int]] = {}
+    for line in jsonl.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        err = rec.get("error") if isinstance(rec, dict) else None
+        if not isinstance(err, dict):
+            continue
+        phase = str((rec.get("metadata") or {}).get("benchmark_phase", ""))
+        what = (f"HTTP {err['code']} " if err.get("code") else "") + str(err.get("type") or "error")
+        msg = str(err.get("message") or "").strip()
+        key = f"{what}: {msg[:160]}" if msg else what
+        by_phase.setdefault(phase, {})[key] = by_phase.setdefault(phase, {}).get(key, 0) + 1
+    if "profiling" in by_phase:
+        return by_phase["profiling"]
+    out: dict[str, int] = {}
+    for errs in by_phase.values():
+        for k, n in errs.items():
+            out[k] = out.get(k, 0) + n
+    return out
 
 
 def value(point: Point, name: str) -> float | None:

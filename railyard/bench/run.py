@@ -189,6 +189,16 @@ def _point(url: str, key: str, tok: str, model: str, c: int, opts: Options, out:
     except (OSError, ValueError):
         ready = {}
     tail = (d / "aiperf.out").read_text(errors="replace").strip().splitlines()[-3:] if (d / "aiperf.out").exists() else []
+    records = d / "profile_export.jsonl"
+    if p.returncode != 0 and not export.exists() and records.exists():
+        errs = aiperf.record_errors(records.read_text(errors="replace"))
+        if errs:  # AIPerf exports nothing when no request succeeded
+            n = sum(errs.values())
+            what, count = max(errs.items(), key=lambda kv: kv[1])
+            raise BenchError(f"every request failed at C={c}: {count} of {n} with {what}"
+                             + (" (the key is refused: check it on the endpoint's host)" if what.startswith(("HTTP 401",
+                                                                                                      "HTTP 403"))
+                                else "") + f" (records: {records})")
     if p.returncode != 0 or not ready.get("ready") or ready.get("partial") or ready.get("was_cancelled") \
             or not export.exists():
         raise BenchError(f"AIPerf at C={c} did not finish (exit {p.returncode}, {aiperf.READY}: {ready or 'missing'}): "
@@ -224,9 +234,9 @@ def _series(inv: Inventory, opts: Options, out: Path, label: str, log) -> tuple[
     return plan, points
 
 
-def _relaunch(inv: Inventory, opts: Options, console, what: str) -> None:
+def _relaunch(inv: Inventory, timeout: float | None, console, what: str) -> None:
     launching.env(inv, False)
-    rep = launching.launch(inv, None, False, True, opts.start_timeout, False, console)
+    rep = launching.launch(inv, None, False, True, timeout, False, console)
     if not rep.ok:
         raise BenchError(f"{what}: the launch failed on {rep.failed_rank or '-'}"
                          f"{' (' + rep.failed_service + ')' if rep.failed_service else ''}: {rep.failure}")
@@ -253,14 +263,14 @@ def bench(inv: Inventory, opts: Options, overrides=None, console=None, log=print
                 label = f"{var.removeprefix('vllm_')}={v}"
                 log(f"bench: {label}: relaunching")
                 swept = load_inventory(inv.path, list(overrides or []) + [f"{var}={v}"])
-                _relaunch(swept, opts, console, label)
+                _relaunch(swept, opts.start_timeout, console, label)
                 plan, pts = _series(swept, opts, root / label, label, log)
                 series.append(Series(label, var, v, pts))
     finally:
         if opts.sweep is not None:
             log("bench: restoring the original configuration")
             try:
-                _relaunch(inv, opts, console, "restore")
+                _relaunch(inv, None, console, "restore")  # the inventory's own start timeout
                 restored = True
             except BaseException as e:  # the restore's own failure is reported, never hidden
                 restored = False
@@ -268,10 +278,11 @@ def bench(inv: Inventory, opts: Options, overrides=None, console=None, log=print
                 if not isinstance(e, Exception):
                     raise
     summary = make_summary(inv, plan, deployment, stamp, root, opts, series, restored)
-    (root / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    if opts.compare:
+        summary["_compare_doc"] = opts.compare   # for the table and the plots; not written
     from .plots import plot_all
     summary["plots"] = plot_all(summary, root)
-    (root / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    (root / SUMMARY).write_text(json.dumps({k: v for k, v in summary.items() if not k.startswith("_")}, indent=2) + "\n")
     return summary
 
 
