@@ -83,11 +83,13 @@ def launch_script(c, inventory=None, out=None, set_=None):
 @task(help={"inventory": INVENTORY, "to": "lws (Kubernetes LeaderWorkerSet manifests) or slurm (an sbatch script)",
             "out": "write the files into DIR (created if missing)",
             "model-volume": "lws: the checkpoint's volume, pvc:CLAIM or hostPath:/PATH (default: pvc:<deployment>-model)",
-            "rdma-resource": "lws: the RDMA device plugin's resource (default rdma/rdma_shared_device_a)", "set": SET},
+            "rdma-resource": "lws: the RDMA device plugin's resource (default rdma/rdma_shared_device_a)",
+            "test-only": "slurm: then ask the cluster with sbatch --test-only whether it could run the job (exit 1 if not)",
+            "set": SET},
       iterable=["set_"])
-def export(c, inventory=None, to=None, out=None, model_volume=None, rdma_resource=None, set_=None):
+def export(c, inventory=None, to=None, out=None, model_volume=None, rdma_resource=None, test_only=False, set_=None):
     """Render the plan for a scheduler that runs it: Kubernetes (LWS) manifests or a Slurm batch script; no SSH."""
-    cli.export(inventory, to, out, model_volume, rdma_resource, set_)
+    cli.export(inventory, to, out, model_volume, rdma_resource, test_only, set_)
 
 
 @task(help={"inventory": INVENTORY, "set": SET}, iterable=["set_"])

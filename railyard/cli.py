@@ -266,10 +266,14 @@ def launch_script(inventory: str | None = None, out: str | None = None, override
 
 @entry
 def export(inventory: str | None = None, to: str | None = None, out: str | None = None,
-           model_volume: str | None = None, rdma_resource: str | None = None, overrides=None) -> int:
+           model_volume: str | None = None, rdma_resource: str | None = None, test_only: bool = False,
+           overrides=None) -> int:
     from .errors import UsageError
     from .export import TARGETS
     from .export import export as run
+    from .export import test_only as ask
+    if test_only and to != "slurm":
+        raise UsageError("--test-only: for --to slurm (sbatch --test-only)")
     if not to:
         raise UsageError(f"--to: one of {', '.join(TARGETS)}")
     if not out:
@@ -277,6 +281,11 @@ def export(inventory: str | None = None, to: str | None = None, out: str | None 
     paths = run(_inventory(inventory, overrides), to, out, model_volume, rdma_resource)
     how = "kubectl apply -f" if to == "lws" else "sbatch"
     console().print(f"wrote {', '.join(str(p) for p in paths)}; no host was contacted. Run: {how} {paths[0]}")
+    if test_only:
+        fits, said = ask(paths[0])
+        print(f"{'fits' if fits else 'does not fit'}: sbatch --test-only {paths[0].name}: {said}",
+              file=sys.stdout if fits else sys.stderr)
+        return 0 if fits else 1
     return 0
 
 

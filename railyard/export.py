@@ -72,3 +72,22 @@ def export(inv: Inventory, to: str, out_dir: str, model_volume: str | None = Non
            rdma_resource: str | None = None) -> list[Path]:
     files = render(inv, to, model_volume, rdma_resource)
     return write(files, out_dir, mode=0o755 if to == "slurm" else 0o644)
+
+
+def test_only(path: Path) -> tuple[bool, str]:
+    """Ask the cluster whether it could run the batch script: `sbatch --test-only` (needs sbatch and the
+    cluster's slurm.conf here). (fits, the one line sbatch said)."""
+    import shutil
+    import subprocess
+    exe = shutil.which("sbatch")
+    if exe is None:
+        raise UsageError("--test-only: sbatch not found here (install slurm-client, and point SLURM_CONF at the "
+                         "cluster's slurm.conf)")
+    try:
+        r = subprocess.run([exe, "--test-only", str(path)], capture_output=True, text=True, timeout=60,
+                           cwd=path.parent)
+    except subprocess.TimeoutExpired:
+        return False, "sbatch --test-only: no answer from slurmctld in 60 s"
+    lines = [ln.strip() for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
+    said = next((ln for ln in lines if "error" in ln or "failure" in ln), lines[-1] if lines else f"rc {r.returncode}")
+    return r.returncode == 0, said.removeprefix("sbatch: ")

@@ -136,8 +136,8 @@ def slurm_parts(text, service):
 
 SYMBOLS = {  # plan ref -> (its LWS value, its Slurm value)
     "head_addr": ("$(LWS_LEADER_ADDRESS)", "$HEAD_ADDR"),
-    "node_rank": ("$(LWS_WORKER_INDEX)", "$SLURM_NODEID"),
-    "group_size": ("$(LWS_GROUP_SIZE)", "$SLURM_NNODES"),
+    "node_rank": ("$(LWS_WORKER_INDEX)", "$NODE_RANK"),  # its place in $SLURM_JOB_NODELIST
+    "group_size": ("$(LWS_GROUP_SIZE)", "$SLURM_JOB_NUM_NODES"),
     "node_addr": ("$RAILYARD_NODE_ADDR", "$NODE_ADDR"),
     "gid_index": ("$RAILYARD_GID_INDEX", "$GID_INDEX"),
 }

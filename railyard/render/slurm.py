@@ -11,7 +11,8 @@ for its seconds, its log line, a KV line from every engine core, its HTTP paths;
 readiness is the script's last gate.
 
 What the plan leaves symbolic is found on the node when its step starts, as `inv env` finds it
-over SSH: the rank is `$SLURM_NODEID`, the group size `$SLURM_NNODES`, the head address the rail
+over SSH: the rank is the node's place in `$SLURM_JOB_NODELIST` (the job-wide `$SLURM_NODEID`; a step on
+one node has 0 there), the group size `$SLURM_JOB_NUM_NODES`, the head address the rail
 address of the group head's node, the node's own rail address (`ip -4 addr show dev RAIL`), its
 RoCE v2 GID index (`show_gids HCA`), its GPUs (the first whose name holds `cluster_gpu_name`, as
 railyard picks them) and `$HOME`. A secret is read from its file on the node, never put in argv.
@@ -66,6 +67,15 @@ def docker_line(plan: LaunchPlan, svc: Service, variables: dict[str, str]) -> st
     return _shell(" ".join(q(a) for a in argv), variables)
 
 
+def _new_secret(s) -> str:
+    """As inv launch does on the first launch: a random value in a 0600 file, when the file is missing."""
+    f = _shell(q(s.host_file), {})
+    prefix = q(s.prefix) if s.prefix else "''"
+    value = '"$(head -c 32 /dev/urandom | base64 | tr -d \'/+=\\n\')"'
+    return (f'[ -s {f} ] || (umask 077; mkdir -p "$(dirname {f})"; '
+            f"printf '%s%s\\n' {prefix} {value} > {f})")
+
+
 def _gates(svc: Service) -> list[str]:
     name = q(svc.spec.name)
     addr = "$NODE_ADDR" if svc.address and svc.spec.bind == svc.address else walk.local_address(svc.spec.bind)
@@ -84,6 +94,11 @@ MEMBER = r'''set -euo pipefail
 action=$1 service=$2
 export HEAD_ADDR=${3:-}  # the group head's rail address, for the ranks that join it
 me="${SLURMD_NODENAME:-$(hostname -s)}"
+# this node's rank in the job: its place in $SLURM_JOB_NODELIST (a step on one node has SLURM_NODEID 0)
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+NODE_RANK=-1
+for i in "${!nodes[@]}"; do [ "${nodes[$i]}" != "$me" ] || NODE_RANK=$i; done
+[ "$NODE_RANK" -ge 0 ] || { echo "railyard: $me is not in the job's nodes (${nodes[*]})" >&2; exit 1; }
 die() { echo "railyard: $me: $*" >&2; exit 1; }
 rail() {  # the node's own address on the rail and the RoCE v2 GID index holding it, as inv env finds them
     NODE_ADDR=$(ip -4 -o addr show dev "$1" 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')
@@ -111,7 +126,17 @@ until_ok() {  # NAME WHAT CMD...: retry CMD until it passes, the container stops
         sleep 1
     done
 }
-wait_running() { until_ok "$1" "start" running "$1"; sleep "$2"; running "$1" || gave_up "$1" "exited within $2 s"; }
+started() {  # running, or not created yet (its step may still be starting it); an exited one fails
+    running "$1" && return 0
+    docker inspect "$1" >/dev/null 2>&1 && gave_up "$1" "exited before it started"
+    [ "$SECONDS" -lt "$deadline" ] || die "$1 was not created in ${RAILYARD_START_TIMEOUT:-1800} s"
+    return 1
+}
+wait_running() {
+    until started "$1"; do sleep 1; done
+    sleep "$2"
+    running "$1" || gave_up "$1" "exited within $2 s"
+}
 log_has() { docker logs "$1" 2>&1 | grep -qF -- "$2"; }
 wait_log() { until_ok "$1" "\`$2\` in its log" log_has "$1" "$2"; }
 kv_lines() {  # every engine core logged its KV cache size
@@ -122,9 +147,12 @@ kv_lines() {  # every engine core logged its KV cache size
 wait_kv() { until_ok "$1" "KV cache line from $2 engine(s)" kv_lines "$1" "$2"; }
 http_ok() { [ "$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 "$1" 2>/dev/null)" = 200 ]; }
 wait_http() { until_ok "$1" "200 from $2" http_ok "$2"; }
-hold() {  # the step holds the container: it is removed when the step ends (scancel, job end, a failure)
-    trap 'docker rm -f "$1" >/dev/null 2>&1 || true' EXIT
+guard() {  # from before its start, the step removes the container when it ends (scancel, job end, a failure)
+    # shellcheck disable=SC2064  # the name, now
+    trap "docker rm -f $(printf %q "$1") >/dev/null 2>&1 || true" EXIT
     trap 'exit 143' TERM INT
+}
+hold() {
     while running "$1"; do sleep 2 & wait $!; done
     docker logs --tail 30 "$1" 2>&1 | sed "s/^/  $1: /" >&2
     die "$1 exited"
@@ -146,8 +174,8 @@ def render(plan: LaunchPlan, inv: Inventory) -> str:
         group = plan.group(svc.group) if svc.group else [svc]
         variables = {"ref_head_addr": "$HEAD_ADDR", "ref_node_addr": "$NODE_ADDR", "ref_gid_index": "$GID_INDEX",
                      "gid_index": "$GID_INDEX",
-                     "ref_node_rank": "$SLURM_NODEID" if svc.rank == k else str(svc.rank or 0),
-                     "ref_group_size": "$SLURM_NNODES" if svc.group_size == n and n > 1 else str(svc.group_size)}
+                     "ref_node_rank": "$NODE_RANK" if svc.rank == k else str(svc.rank or 0),
+                     "ref_group_size": "$SLURM_JOB_NUM_NODES" if svc.group_size == n and n > 1 else str(svc.group_size)}
         line = docker_line(plan, svc, variables)
         env = dict(svc.spec.env)
         needs = walk.tokens_in(" ".join(q(_own_address(a, svc)) for a in run_argv(plan, svc, False, _markers(svc))))
@@ -160,7 +188,8 @@ def render(plan: LaunchPlan, inv: Inventory) -> str:
         if count:
             setup.append(f"gpus {q(svc.spec.gpus.name or inv.host(svc.host).vars['cluster_gpu_name'])} {count}")
         name = q(svc.spec.name)
-        body = setup + [f"docker rm -f {name} >/dev/null 2>&1 || true", line, f"hold {name}"]
+        secrets = [_new_secret(s) for s in svc.spec.secrets]
+        body = setup + secrets + [f"guard {name}", f"docker rm -f {name} >/dev/null 2>&1 || true", line, f"hold {name}"]
         cases.append(f"    {svc.name}:run)\n        " + "\n        ".join(body) + " ;;")
         on_rail = [x for x in setup[:1] if svc.address and svc.spec.bind == svc.address]  # its gates ask its rail address
         cases.append(f"    {svc.name}:gate)\n        " + "\n        ".join(on_rail + _gates(svc)) + " ;;")
@@ -191,7 +220,13 @@ def render(plan: LaunchPlan, inv: Inventory) -> str:
             '    local k=$1; shift',
             '    srun --nodes=1 --ntasks=1 --relative="$k" --overlap --kill-on-bad-exit=1 bash -c "$RAILYARD_MEMBER" member "$@"',
             '}',
-            "STEPS=()", ""]
+            "STEPS=()",
+            '# shellcheck disable=SC2317  # run by the EXIT trap',
+            'stop_steps() {  # a failed gate or the end: every step removes its container before the job ends',
+            '    [ "${#STEPS[@]}" -eq 0 ] || kill -TERM "${STEPS[@]}" 2>/dev/null || true',
+            '    wait',
+            '}',
+            "trap stop_steps EXIT", ""]
     heads: dict[int, str] = {}
     for stage in plan.stages:
         for svc in stage.services:
