@@ -32,6 +32,9 @@ CASES = {
     "dp_ep": ("hgx8-h200.yml", ["vllm_bind=0.0.0.0", "serve_layout=dp_ep"]),
     "replicas": ("hgx8-b200-replicas.yml", ["litellm_bind=0.0.0.0"]),
     "pd": ("pd-3x-b300.yml", ["pd_proxy_bind=0.0.0.0", "pd_proxy_unauthenticated_ok=true"]),
+    # one prefill instance over both prefill hosts (multi-node data parallel): the example, its prefill
+    # group's vars pd_instances_per_host 1, pd_hosts_per_instance 2, vllm_data_parallel_size 16
+    "pd_wide": ("golden/export/pd_wide/inventory.yml", ["pd_proxy_bind=0.0.0.0", "pd_proxy_unauthenticated_ok=true"]),
 }
 GOLDEN = FIXTURES / "golden" / "export"
 K8S = "1.33.0"
@@ -40,7 +43,7 @@ SCHEMA = json.loads((FIXTURES / "schemas" / "lws-v1.json").read_text())
 
 def inventory(layout):
     name, overrides = CASES[layout]
-    return load_inventory(INV / name, overrides)
+    return load_inventory(INV / name if "/" not in name else FIXTURES / name, overrides)
 
 
 def rendered(layout, to):

@@ -327,7 +327,7 @@ def render(plan: LaunchPlan, model: ModelVolume, rdma_resource: str = DEFAULT_RD
             name = k8s_name(plan.deployment, svc.group if len(members) < len(plan.services()) else "")
             labels = _labels(plan, svc.group)
             leader = pods.template(members[0], labels)
-            worker = pods.template(members[1], labels)
+            worker = _one_worker(pods, members, labels)
             objects.append({"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": _meta(plan, name), "spec": {
                 "replicas": 1, "startupPolicy": "LeaderCreated",  # the head waits for its workers itself
                 "leaderWorkerTemplate": {"size": len(members), "restartPolicy": "RecreateGroupOnPodRestart",
@@ -367,6 +367,18 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
+def _one_worker(pods: _Pods, members: list[Service], labels: dict[str, str]) -> dict:
+    """LWS runs one template for every worker: the workers must differ in nothing but their rank's refs."""
+    first = pods.template(members[1], labels)
+    for m in members[2:]:
+        other = pods.template(m, labels)
+        other["spec"]["containers"][0]["name"] = first["spec"]["containers"][0]["name"]
+        if other != first:
+            raise UsageError(f"--to lws: {members[1].name} and {m.name} differ in more than their rank; a "
+                             "LeaderWorkerSet runs one worker template (a per-rank value that is no ref of the plan)")
+    return first
+
+
 def _same_node(plan: LaunchPlan, objects: list[dict]) -> None:
     """Services of a one-host plan that share loopback and IPC (LMCache and its replicas, their router)
     land on one node: each Deployment after the first requires the first one's pods beside it."""
@@ -389,7 +401,7 @@ def _disaggregated(plan: LaunchPlan, pods: _Pods, pools: dict[str, list[Service]
         group = plan.group(first.group) if first.group else [first]
         leader = pods.template(group[0], labels)
         lwt: dict = {"size": len(group), "restartPolicy": "RecreateGroupOnPodRestart", "leaderTemplate": leader,
-                     "workerTemplate": pods.template(group[1], labels) if len(group) > 1 else leader}
+                     "workerTemplate": _one_worker(pods, group, labels) if len(group) > 1 else leader}
         roles.append({"name": role, "spec": {"replicas": len(members), "startupPolicy": "LeaderCreated",
                                              "leaderWorkerTemplate": lwt}})
         for s in plan.services():
