@@ -42,8 +42,14 @@ def entry(fn):
                 error_report(fn.__name__, str(e)).print_json()
             raise Exit(code=e.exit_code)
         except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            raise Exit(code=130)
+            # the task's own cleanup (its lock, the live display) ran on the way up; the threads still
+            # waiting on remote commands are not waited for: leaving drops their connections, and what
+            # ran on a host over them ends with them (rsync on its next write), as after ssh's ^C
+            print("interrupted: what had started on the hosts is as it was; run the task again to resume "
+                  "(`inv status` shows what runs)", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         if code:
             raise Exit(code=code)
     return wrapper

@@ -613,6 +613,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         "vllm_api_server_count": (0, 1024), "cluster_gpus_per_host": (1, 64),
         "nccl_check_timeout_s": (10, 86_400), "nccl_check_min_link_fraction": (0.0, 1.0),
         "sync_streams": (1, 64), "sync_bwlimit_mbps": (0, 1_000_000), "sync_timeout_s": (1, 604_800),
+        "sync_io_timeout_s": (5, 86_400),
     }
     for k, (lo, hi) in ranges.items():
         if not lo <= values[k] <= hi:

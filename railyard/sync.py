@@ -215,17 +215,39 @@ def remote_dest(path: str) -> str:
     return path[2:] if path.startswith("~/") else path
 
 
-def rsync_command(src_path: str, target: Host, dest_path: str, mode: str, cipher: str, bwlimit_mbps: int) -> Sh:
-    """One rsync stream, run on the source; the file list arrives on stdin (NUL-separated)."""
-    ssh = cmd("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "Compression=no", "-c", cipher)
+def rsync_command(src_path: str, target: Host, dest_path: str, mode: str, cipher: str, bwlimit_mbps: int,
+                  io_timeout_s: int = 0) -> Sh:
+    """One rsync stream, run on the source; the file list arrives on stdin (NUL-separated). With
+    io_timeout_s, a stream on which no data moves that long ends (rsync's --timeout, exit 30) and its
+    SSH gives up on a peer that stopped answering, instead of waiting out sync_timeout_s."""
+    ssh = cmd("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "Compression=no", "-c", cipher,
+              *(("-o", f"ServerAliveInterval={max(1, io_timeout_s // 4)}", "-o", "ServerAliveCountMax=4",
+                 "-o", f"ConnectTimeout={io_timeout_s}") if io_timeout_s else ()))
     argv = ["rsync", "-aH", "--copy-links", "--no-compress", "--inplace", "--partial", "--protect-args", "--from0", "--files-from=-",
             "--exclude", EXCLUDE, "--stats", "--info=progress2", "--no-human-readable"]
     argv += {"whole": ["--whole-file"], "append": ["--append-verify"], "repair": ["--whole-file", "--ignore-times"]}[mode]
     if bwlimit_mbps:
         argv.append(f"--bwlimit={int(bwlimit_mbps * 1000)}")
+    if io_timeout_s:
+        argv.append(f"--timeout={int(io_timeout_s)}")
     user = f"{target.user}@" if target.user else ""
     argv += ["-e", quote_text(ssh), "./", f"{user}{target.serve_rail.ip}:{remote_dest(dest_path)}/"]
     return Sh(f"cd {q(RemotePath(src_path))} && " + cmd(*argv))
+
+
+# what rsync and its ssh print when the peer stops answering (rsync's --timeout; ssh's ServerAlive*)
+_STALLED = ("timeout in data send/receive", "io timeout after", "Timeout, server", "not responding",
+            "Connection timed out", "Broken pipe")
+
+
+def stream_error(stderr: str, rc: int | None, io_timeout_s: int) -> str:
+    """One stream's failure in a line: a stall named as one (with the line that says so), else rsync's last line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    stall = next((ln for ln in lines if any(m in ln for m in _STALLED)), None)
+    if stall:
+        return (f"no data moved for {io_timeout_s} s: the target or the rail to it stopped answering ({stall}); "
+                "check the rail (inv preflight), then run sync-model again")
+    return lines[-1] if lines else f"rsync exit {rc}"
 
 
 _PROGRESS_RE = re.compile(r"^\s*([\d,]+)\s+\d+%\s")
@@ -336,7 +358,8 @@ def _copy_target(source: Session, target: Host, plan: CopyPlan, src: Manifest, v
     def stream(i: int) -> None:
         for mode, chunk in by_stream[i]:
             limit = sum(sizes[p] for p in chunk)
-            command = rsync_command(v["model_path"], target, v["model_path"], mode, v["sync_ssh_cipher"], opts.bwlimit_mbps)
+            command = rsync_command(v["model_path"], target, v["model_path"], mode, v["sync_ssh_cipher"], opts.bwlimit_mbps,
+                                    v["sync_io_timeout_s"])
             buf = {"text": ""}
 
             def seen(text: str, key=(i, mode), limit=limit) -> None:
@@ -351,7 +374,7 @@ def _copy_target(source: Session, target: Host, plan: CopyPlan, src: Manifest, v
                 # --stats only comes at the end; an interrupted stream counts what progress2 last showed
                 res.bytes_sent += parse_bytes_sent(r.stdout) or parse_progress(r.stdout) or 0
                 if r.error or r.rc != 0:
-                    why = r.error.message if r.error else (r.stderr.strip().splitlines() or [f"rsync exit {r.rc}"])[-1]
+                    why = r.error.message if r.error else stream_error(r.stderr, r.rc, v["sync_io_timeout_s"])
                     res.errors.append(f"stream {i + 1} ({len(chunk)} files): {why}")
                     return
             if progress:
@@ -460,8 +483,9 @@ def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
                 cmds = []
                 for mode_, paths in (("append", p.resume), ("whole", p.send)):
                     for chunk in split_streams(paths, {k: f.size for k, f in src.files.items()}, opts.streams):
-                        cmds.append(f"{rsync_command(v['model_path'], t, v['model_path'], mode_, v['sync_ssh_cipher'], opts.bwlimit_mbps)}"
-                                    f"  # {len(chunk)} file(s) on stdin")
+                        line = rsync_command(v["model_path"], t, v["model_path"], mode_, v["sync_ssh_cipher"],
+                                             opts.bwlimit_mbps, v["sync_io_timeout_s"])
+                        cmds.append(f"{line}  # {len(chunk)} file(s) on stdin")
                 rep.commands[t.name] = cmds
             return rep
         # 2. copy, host to host, all targets and streams at once

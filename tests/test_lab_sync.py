@@ -3,7 +3,9 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -14,7 +16,7 @@ from railyard.lab import lab_dir
 from railyard.lab.checkpoint import write_checkpoint
 from railyard.sync import SyncOptions, sync_model
 
-from .conftest import inv_cmd
+from .conftest import ROOT, inv_cmd, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -152,6 +154,60 @@ def test_a_copy_killed_midway_resumes_without_resending_finished_shards(fresh):
     assert second.copies["B"].plan.resume  # the cut shard was continued, not restarted
     assert {n: (os.stat(model_dir("B") / n).st_ino, os.stat(model_dir("B") / n).st_ctime_ns)
             for n in finished} == finished
+
+
+def _rsync_on_A():
+    pids = subprocess.run(["ip", "netns", "pids", "rylab-A"], capture_output=True, text=True).stdout.split()
+    return [p for p in pids if _comm(p) == "rsync"]
+
+
+def _comm(pid):
+    try:
+        return open(f"/proc/{pid}/comm").read().strip()
+    except OSError:
+        return ""
+
+
+def _bytes_on_B():
+    return sum(f.stat().st_size for f in model_dir("B").glob("*")) if model_dir("B").exists() else 0
+
+
+def test_ctrl_c_stops_the_copy_at_once_and_the_next_run_resumes(fresh):
+    p = subprocess.Popen([sys.executable, "-m", "invoke", "sync-model", "--streams", "2", "--bwlimit", "20"],
+                         cwd=ROOT, env=dict(os.environ, RAILYARD_INVENTORY=str(fresh)), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(lambda: _bytes_on_B() > 20_000_000, "the copy under way")
+    os.killpg(p.pid, signal.SIGINT)  # what the terminal sends the foreground job on ^C
+    t0 = time.monotonic()
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and time.monotonic() - t0 < 5 and "interrupted" in err and "Traceback" not in err
+    wait_for(lambda: not _rsync_on_A(), "the streams on A to end with their connection", timeout=20)
+    cut = _bytes_on_B()
+    again = sync(fresh)  # not locked out by the interrupted run, and only the rest is sent
+    assert again.ok, again.differences
+    assert again.copies["B"].bytes_sent <= sum(f.stat().st_size for f in model_dir("A").iterdir()) - cut + 2_000_000
+
+
+def test_a_rail_that_drops_mid_copy_fails_that_target_in_bounded_time(fresh):
+    from railyard.lab import faults
+    result = {}
+    inv = load_inventory(fresh, ["sync_io_timeout_s=5"])
+    t = threading.Thread(target=lambda: result.setdefault("rep", sync_model(inv, SyncOptions(streams=1, bwlimit_mbps=20),
+                                                                            None)))
+    t.start()
+    try:
+        wait_for(lambda: _bytes_on_B() > 10_000_000, "the copy under way")
+        faults.fault("B", "link-down")  # the serving rail, which the copy runs over
+        t0 = time.monotonic()
+        t.join(60)
+        assert not t.is_alive() and time.monotonic() - t0 < 30
+    finally:
+        faults.heal("B")
+    rep = result["rep"]
+    assert not rep.ok and any("stopped answering" in e for e in rep.copies["B"].errors), rep.copies["B"].errors
+    assert "run sync-model again" in rep.hint
+    again = sync(fresh)
+    assert again.ok and again.copies["B"].plan.resume, again.differences
 
 
 def test_a_corrupt_config_or_a_shard_missing_from_the_index_fails_the_model_check(fresh):

@@ -93,6 +93,14 @@ def test_rsync_command_flags_and_quoting():
     assert "--append-verify" in rsync_command("/m", _host(), "/m", "append", "c", 0)
     repair = rsync_command("/m", _host(), "/m", "repair", "c", 12.5)
     assert "--ignore-times" in repair and "--bwlimit=12500" in repair
+    assert "--timeout" not in repair and "ServerAlive" not in repair
+
+
+def test_a_stream_that_moves_nothing_gives_up_after_the_io_timeout():
+    argv = shlex.split(rsync_command("/m", _host(), "/m", "whole", "c", 0, 40).split(" && ", 1)[1])
+    assert "--timeout=40" in argv
+    e = shlex.split(argv[argv.index("-e") + 1])
+    assert "ServerAliveInterval=10" in e and "ServerAliveCountMax=4" in e and "ConnectTimeout=40" in e
 
 
 def test_download_command_is_the_reference_one():
