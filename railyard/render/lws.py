@@ -105,15 +105,13 @@ class _Pods:
         """The pod template of one service. rewrite: words to replace in its program (the router's
         backend URLs, which are Services here)."""
         spec = svc.spec
-        markers = {name: walk.token("ref_" + name) for name in
-                   ("head_addr", "node_rank", "group_size", "node_addr", "gid_index")}
-        resolved = dict(markers, port=str(spec.ports[0]) if spec.ports else "", model_dir=_model_target(svc))
-        argv = [_local(w, svc, markers["node_addr"]) for w in walk.words(svc, resolved)]
+        resolved = walk.markers(svc)
+        argv = [walk.own_address(w, svc) for w in walk.words(svc, resolved)]
         if rewrite:  # a pool's instances are one Service here: each backend flag once
             argv = _unique_pairs([rewrite.get(w, w) for w in argv], set(rewrite.values()))
         env, exports = [], []
         for k, v in spec.env:
-            text = _local(walk.value(v, resolved), svc, markers["node_addr"])
+            text = walk.own_address(walk.value(v, resolved), svc)
             if walk.tokens_in(text) & {"ref_node_addr", "ref_gid_index", "gid_index"}:
                 exports.append(f"export {k}={q(text)}")
             else:
@@ -245,20 +243,9 @@ def _unique_pairs(argv: list[str], values: set[str]) -> list[str]:
     return out
 
 
-def _model_target(svc: Service) -> str:
-    return next((m.target for m in svc.spec.mounts if m.kind == "model"), "")
-
-
 def _node_bound(svc: Service) -> bool:
     """Binds the rail address of its host (pd's instances): found in the pod."""
     return bool(svc.address) and svc.spec.bind == svc.address
-
-
-def _local(text: str, svc: Service, marker: str) -> str:
-    """The service's own rail address (a literal of the plan) as the marker of its node address."""
-    if svc.address and svc.address in text:
-        return re.sub(r"(?<![\d.])" + re.escape(svc.address) + r"(?![\d.])", marker, text)
-    return text
 
 
 def _limits(svc: Service) -> list[str]:

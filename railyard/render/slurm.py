@@ -20,31 +20,12 @@ railyard picks them) and `$HOME`. A secret is read from its file on the node, ne
 
 from __future__ import annotations
 
-import re
-
 from ..errors import UsageError
 from ..inventory import Inventory
 from ..serving.spec import LaunchPlan, Service
 from ..transport import q
 from . import walk
 from .docker import run_argv
-
-_REFS = ("head_addr", "node_rank", "group_size", "node_addr", "gid_index")
-
-
-def _markers(svc: Service) -> dict[str, str]:
-    r = {n: walk.token("ref_" + n) for n in _REFS}
-    r["port"] = str(svc.spec.ports[0]) if svc.spec.ports else ""
-    r["model_dir"] = next((m.target for m in svc.spec.mounts if m.kind == "model"), "")
-    return r
-
-
-def _own_address(word: str, svc: Service) -> str:
-    """The service's own rail address (a literal of the plan) as its node's address."""
-    if svc.address and svc.address in word:
-        return re.sub(r"(?<![\d.])" + re.escape(svc.address) + r"(?![\d.])", walk.token("ref_node_addr"), word)
-    return word
-
 
 def _shell(text: str, variables: dict[str, str]) -> str:
     """Shell text whose tokens (always inside shlex's single quotes) become their variables."""
@@ -63,7 +44,7 @@ def _shell(text: str, variables: dict[str, str]) -> str:
 
 def docker_line(plan: LaunchPlan, svc: Service, variables: dict[str, str]) -> str:
     """inv launch's `docker run` of the service (no hash label: its node's values are known only there)."""
-    argv = [_own_address(a, svc) for a in run_argv(plan, svc, with_hash=False, resolved=_markers(svc))]
+    argv = [walk.own_address(a, svc) for a in run_argv(plan, svc, with_hash=False, resolved=walk.markers(svc))]
     return _shell(" ".join(q(a) for a in argv), variables)
 
 
@@ -178,7 +159,7 @@ def render(plan: LaunchPlan, inv: Inventory) -> str:
                      "ref_group_size": "$SLURM_JOB_NUM_NODES" if svc.group_size == n and n > 1 else str(svc.group_size)}
         line = docker_line(plan, svc, variables)
         env = dict(svc.spec.env)
-        needs = walk.tokens_in(" ".join(q(_own_address(a, svc)) for a in run_argv(plan, svc, False, _markers(svc))))
+        needs = walk.tokens_in(" ".join(q(walk.own_address(a, svc)) for a in run_argv(plan, svc, False, walk.markers(svc))))
         setup = []
         if needs & {"ref_node_addr", "ref_gid_index", "gid_index"} or (svc.address and svc.spec.bind == svc.address):
             iface = env.get("NCCL_SOCKET_IFNAME") or inv.host(svc.host).serve_rail.name

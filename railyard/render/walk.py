@@ -87,6 +87,25 @@ def placeholder_facts(inv: Inventory, hosts, count: int) -> dict[str, HostFacts]
     return out
 
 
+SCHEDULED_REFS = ("head_addr", "node_rank", "group_size", "node_addr", "gid_index")
+
+
+def markers(svc: Service) -> dict[str, str]:
+    """What each Ref resolves to for a scheduler's renderer: a token (`@@{ref_head_addr}@@`) for the values
+    found where it runs; the port and the model's path as they are."""
+    r = {n: token("ref_" + n) for n in SCHEDULED_REFS}
+    r["port"] = str(svc.spec.ports[0]) if svc.spec.ports else ""
+    r["model_dir"] = next((m.target for m in svc.spec.mounts if m.kind == "model"), "")
+    return r
+
+
+def own_address(text: str, svc: Service) -> str:
+    """The service's own rail address where the plan has it as a literal (pd) as its node address's token."""
+    if svc.address and svc.address in text:
+        return re.sub(r"(?<![\d.])" + re.escape(svc.address) + r"(?![\d.])", token("ref_node_addr"), text)
+    return text
+
+
 def tokens_in(text: str) -> set[str]:
     return set(_TOKEN_RE.findall(text))
 
