@@ -226,6 +226,22 @@ def check_mtu(hosts: list[Host], outs: dict[str, Output]) -> dict[str, CheckResu
     return res
 
 
+JUMBO_MARK = "@@jumbo"
+
+
+def _mtu_error(line: str) -> bool:
+    low = line.lower()
+    return "too long" in low or "frag needed" in low
+
+
+def _ping_pair(text: str) -> tuple[str | None, str]:
+    """A peer's block: the small warm-up ping, the marker, the jumbo ping (an older block is all jumbo)."""
+    if JUMBO_MARK in text:
+        small, _, jumbo = text.partition(JUMBO_MARK)
+        return small, jumbo
+    return None, text
+
+
 def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
     bad = unusable(host, "jumbo_ping", out, "ping")
     if bad:
@@ -239,6 +255,7 @@ def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
     for p in peers:
         ip = p.serve_rail.ip
         rc, text = blocks.get(ip, (None, ""))
+        _small, text = _ping_pair(text)
         try:
             ping = F.parse_ping(text)
         except F.ParseError:
@@ -246,12 +263,13 @@ def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
             continue
         if ping.received == ping.transmitted and ping.transmitted > 0:
             oks.append(f"{p.name} {ping.received}/{ping.transmitted}" + (f" {ping.rtt_avg_ms:.2f}ms" if ping.rtt_avg_ms else ""))
-        elif ping.received > 0 and not ping.local_errors:
+        elif ping.received > 0 and not any(_mtu_error(e) for e in ping.local_errors):
             # jumbo frames do pass; losing some of them is worth a look but is not an MTU fault
-            lossy.append(f"{p.name} {ip}: {ping.received}/{ping.transmitted} received")
+            why = f" ({ping.local_errors[0]})" if ping.local_errors else ""
+            lossy.append(f"{p.name} {ip}: {ping.received}/{ping.transmitted} received{why}")
             evidence.append(ping.summary)
         else:
-            mtu_errors |= any("too long" in e.lower() or "frag needed" in e.lower() for e in ping.local_errors)
+            mtu_errors |= any(_mtu_error(e) for e in ping.local_errors)
             why = f" ({ping.local_errors[0]})" if ping.local_errors else ""
             fails.append(f"{p.name} {ip}: {ping.received}/{ping.transmitted} received{why}")
             evidence.append(ping.summary)
@@ -320,6 +338,88 @@ def check_gid(host: Host, out: Output) -> CheckResult:
                            listing, f"set preflight_gid_index: {index} (or -1 to discover), and NCCL_IB_GID_INDEX={index}")
     return CheckResult(host.name, "gid", PASS, f"RoCE v2 GID index {index} for {rail.ip} on {rail.hca}",
                        f"{rail.hca} {index} {rail.ip} v2")
+
+
+# ---------------------------------------------------------------- one cause, one message
+
+def _silent_losses(hosts: list[Host], pings: dict[str, Output | None]) -> dict[tuple[str, str], bool | None]:
+    """(host, peer) -> whether small pings passed, for every pair whose jumbo frames were all lost without a local
+    error (the sender's own MTU did not refuse them: they vanished on the path or at the receiver)."""
+    lost: dict[tuple[str, str], bool | None] = {}
+    for h in hosts:
+        out = pings.get(h.name)
+        if out is None or out.rc is None:
+            continue
+        blocks = split_blocks(out.text)
+        for p in hosts:
+            if p.name == h.name or p.serve_rail.ip not in blocks:
+                continue
+            small, jumbo = _ping_pair(blocks[p.serve_rail.ip][1])
+            try:
+                j = F.parse_ping(jumbo)
+            except F.ParseError:
+                continue
+            if j.transmitted and not j.received and not j.local_errors:
+                try:
+                    s = F.parse_ping(small) if small is not None else None
+                except F.ParseError:
+                    s = None
+                lost[(h.name, p.name)] = (s.received > 0) if s else None
+    return lost
+
+
+def one_cause(hosts: list[Host], per: dict[str, dict[str, CheckResult]], pings: dict[str, Output | None]) -> None:
+    """When several checks fail for one reason, name the likely cause once and point the others at it: jumbo
+    frames lost to a host whose own MTU is wrong (the mtu check names it), or lost on the path while small frames
+    pass and both ends are set right (an MTU black hole: a switch port, cable or VLAN below the rails' MTU), and an
+    ssh over the rail that hangs for the same reason."""
+    lost = _silent_losses(hosts, pings)
+    if not lost:
+        return
+    by = {h.name: h for h in hosts}
+    mtu_bad = {n for n in per if per[n].get("mtu") is not None and per[n]["mtu"].status == FAIL}
+    notes: dict[str, list[str]] = {}
+    owner_hint: dict[str, str] = {}
+    blackhole = {frozenset(k) for k, small in lost.items() if small and not (set(k) & mtu_bad)}
+    hub = None
+    if len(blackhole) > 1:
+        common = set.intersection(*(set(pr) for pr in blackhole))
+        hub = min(common) if common else None
+    for pair in sorted(blackhole, key=sorted):
+        a, b = sorted(pair)
+        owner = hub or a
+        mtu = by[a].vars["preflight_mtu"]
+        where = f"on the path to {hub}'s rail" if hub else f"between {a} and {b}"
+        if owner not in notes:
+            notes[owner] = [f"likely cause: an MTU black hole {where}: {mtu - 28}-byte frames are lost while small "
+                            f"pings pass, and both ends are set to mtu {mtu} (a switch port, cable or VLAN on the path "
+                            f"is below {mtu})"]
+            owner_hint[owner] = (f"find the hop that drops them: `tracepath -n {by[b if owner == a else a].serve_rail.ip}` "
+                                 f"from {owner}; set every switch port on the rail to MTU >= {mtu + 216} (jumbo)")
+        for n in (a, b):
+            if n != owner and not any("MTU black hole" in x for x in notes.get(n, [])):
+                notes.setdefault(n, []).append(f"likely cause: the MTU black hole named on {owner}'s jumbo_ping")
+    for h, p in lost:
+        bad = sorted({h, p} & mtu_bad)
+        if bad and bad[0] != h:  # a host whose own MTU is wrong already says so in its mtu and jumbo_ping checks
+            note = f"likely cause: {bad[0]}'s MTU ({per[bad[0]]['mtu'].detail}; see {bad[0]}'s mtu check)"
+            if note not in notes.setdefault(h, []):
+                notes[h].append(note)
+    for n, ns in notes.items():
+        r = per[n].get("jumbo_ping")
+        if r is not None and r.status == FAIL and ns:
+            per[n]["jumbo_ping"] = CheckResult(n, "jumbo_ping", FAIL, f"{r.detail}; {'; '.join(ns)}", r.evidence,
+                                               owner_hint.get(n, r.hint))
+    for n, checks in per.items():
+        r = checks.get("ssh_peer")
+        if r is None or r.status != FAIL or "ssh hung" not in r.detail:
+            continue
+        hung = [w for w in hosts if f"{w.name} (" in r.detail and frozenset((n, w.name)) in blackhole]
+        if hung:
+            owner = hub or min(n, hung[0].name)
+            checks["ssh_peer"] = CheckResult(n, "ssh_peer", FAIL, f"{r.detail}; likely cause: the MTU black hole "
+                                             f"named on {owner}'s jumbo_ping, not SSH", r.evidence,
+                                             "fix the path MTU (jumbo_ping), then rerun")
 
 
 # ---------------------------------------------------------------- time
@@ -732,6 +832,10 @@ def check_ssh_peer(head: Host, out: Output, workers: list[Host]) -> CheckResult:
         elif "Permission denied" in text:
             fails.append(f"{w.name} ({target}): key not accepted")
             hints.append(f"on {head.name}: ssh-keygen -t ed25519 (no passphrase), then ssh-copy-id {target}")
+        elif rc == 124:
+            fails.append(f"{w.name} ({target}): ssh hung, no answer within its limit")
+            hints.append(f"something on the path to {ip} drops larger packets (see jumbo_ping), or sshd on {w.name} "
+                         f"hangs: `ssh -vvv {target} true` from {head.name}")
         else:
             fails.append(f"{w.name} ({target}): unreachable")
             hints.append(f"is sshd on {w.name} listening on its rail address {ip}?")

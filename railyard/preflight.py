@@ -33,8 +33,12 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
     size = v["preflight_mtu"] - 28
     count = v["preflight_ping_count"]
     deadline = int(count * 0.2 + 3)
-    pings = fan_out([(p.serve_rail.ip, cmd("ping", "-I", rail.name, "-M", "do", "-s", size, "-c", count,
-                                           "-i", "0.2", "-W", "2", p.serve_rail.ip))
+    # a small ping first: it resolves the neighbour entry (at 24 hosts the first jumbo frame to a peer was lost
+    # while ARP resolved) and tells "small frames pass" from "nothing passes" (an MTU black hole vs a dead path)
+    pings = fan_out([(p.serve_rail.ip, Sh(cmd("ping", "-I", rail.name, "-c", "1", "-W", "1", p.serve_rail.ip)
+                                          + f"; echo {q(C.JUMBO_MARK)}; "
+                                          + cmd("ping", "-I", rail.name, "-M", "do", "-s", size, "-c", count,
+                                                "-i", "0.2", "-W", "2", p.serve_rail.ip)))
                      for p in peers])
     routes = cmd("printf", "route get %s\\n", *[p.serve_rail.ip for p in peers]) + " | ip -o -force -batch -"
     sections = [
@@ -60,7 +64,7 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
         gdr_section(rail.name, rail.hca),
     ]
     if peers:
-        sections.append(Section("ping", pings, "ping", deadline + 5))
+        sections.append(Section("ping", pings, "ping", deadline + 6))
         sections.append(Section("route", routes, "ip"))
     if host.is_head and inv.workers:
         sections.append(ssh_peer_section(inv.workers))
@@ -113,11 +117,15 @@ def gids_section(hca: str) -> Section:
     return Section("gids", cmd("show_gids", hca), "show_gids")
 
 
+SSH_PEER_HANG_S = 8  # each ssh gets its own limit, so one that hangs (e.g. on an MTU black hole) is named alone
+
+
 def ssh_peer_section(targets: list[Host]) -> Section:
     """From one host, a non-interactive ssh to each target's rail address, host keys checked."""
     return Section("ssh_peer", fan_out([
-        (t.serve_rail.ip, cmd("ssh", "-n", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                              "-o", "ConnectTimeout=5", *(["-l", t.user] if t.user else []), t.serve_rail.ip, "hostname"))
+        (t.serve_rail.ip, cmd("timeout", SSH_PEER_HANG_S, "ssh", "-n", "-o", "BatchMode=yes",
+                              "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5",
+                              *(["-l", t.user] if t.user else []), t.serve_rail.ip, "hostname"))
         for t in targets]), "ssh", 15)
 
 
@@ -208,6 +216,7 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
         per[name]["mtu"] = res
     for name, res in C.check_parity(reachable, {h.name: _versions(probes[h.name].outputs) for h in reachable}).items():
         per[name]["parity"] = res
+    C.one_cause(reachable, per, {h.name: probes[h.name].outputs.get("ping") for h in reachable})
     for name, res in C.check_clock_skew(reachable, {h.name: probes[h.name].clock for h in reachable}).items():
         per[name]["clock_skew"] = res
     out = []
