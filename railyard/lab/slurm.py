@@ -215,7 +215,11 @@ def _wait_idle(root: Path, names: list[str], env: dict, timeout: float = 30.0) -
 
 
 def _stop(d: Path) -> None:
-    pids = [_read_pid(p) for p in sorted(d.glob("slurmd-*.pid"))] + [_read_pid(d / "slurmctld.pid")]
+    _stop_pids([_read_pid(p) for p in sorted(d.glob("slurmd-*.pid"))] + [_read_pid(d / "slurmctld.pid")])
+
+
+def _stop_pids(pids: list[int | None]) -> None:
+    """SIGTERM, up to 10 s, then SIGKILL."""
     for pid in pids:
         if _alive(pid):
             os.kill(pid, signal.SIGTERM)
@@ -233,7 +237,5 @@ def down(root: Path) -> None:
     if not d.exists():
         return
     _stop(d)
-    pid = _read_pid(d / "munge" / "munged.pid")
-    if _alive(pid):
-        os.kill(pid, signal.SIGTERM)
+    _stop_pids([_read_pid(d / "munge" / "munged.pid")])
     shutil.rmtree(d, ignore_errors=True)
