@@ -136,3 +136,10 @@ def test_a_refused_key_and_a_stopped_endpoint_are_one_clear_error_each(served, t
         assert j.returncode == 1 and json.loads(j.stdout)["checks"][0]["status"] == "fail"
     finally:
         assert run("start", inv=served).returncode == 0
+
+
+def test_a_deployment_running_another_configuration_is_not_benchmarked_as_this_one(served, tmp_path):
+    r = run("bench", "--concurrency", "1", *SMALL, "--out", str(tmp_path), "--set", "vllm_max_num_seqs=8", inv=served)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "glm53-full on A" in r.stderr and "another configuration than the inventory's" in r.stderr
+    assert "inv launch --recreate" in r.stderr

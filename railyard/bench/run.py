@@ -27,7 +27,9 @@ from pathlib import Path
 from .. import launch as launching
 from ..errors import UsageError
 from ..inventory import Inventory, load_inventory
+from ..ops.containers import inspect
 from ..ops.http import request
+from ..render.docker import config_hash
 from ..runner import Runner
 from ..serving import layouts
 from ..serving.spec import Endpoint, LaunchPlan
@@ -114,6 +116,19 @@ def _check_endpoint(s: Session, ep: Endpoint) -> None:
                          f"{ep.api_key_file or '(no key file)'} (check the key, `inv env`, `inv launch`)")
     if code != 200:
         raise BenchError(f"endpoint {ep.service} on {ep.host}: /v1/models answers HTTP {code}: {text.strip()[:160]}")
+
+
+def _check_current(runner: Runner, plan: LaunchPlan) -> None:
+    """Every service runs the inventory's configuration (its railyard.config label): numbers for
+    another configuration would be presented as this one's."""
+    stale = []
+    for svc in plan.services():
+        c = inspect(runner.session(svc.host), svc.spec.name)
+        if c.exists and c.running and c.config and c.config != config_hash(plan, svc):
+            stale.append(f"{svc.spec.name} on {svc.host}")
+    if stale:
+        raise BenchError(f"{', '.join(stale)} run(s) another configuration than the inventory's: the numbers would "
+                         "not be this deployment's (run `inv launch --recreate`, or `inv status` to see which)")
 
 
 def _key(s: Session, ep: Endpoint) -> str:
@@ -222,6 +237,7 @@ def _series(inv: Inventory, opts: Options, out: Path, label: str, log) -> tuple[
         err = s.connect()
         if err:
             raise BenchError(f"{ep.host}: {err}")
+        _check_current(runner, plan)
         _check_endpoint(s, ep)
         key = _key(s, ep)
         tok = opts.tokenizer or str(fetch_tokenizer(s, inv.head.vars["model_path"], out / "tokenizer"))
