@@ -90,3 +90,25 @@ def test_test_only_refuses_a_layout_with_more_gpus_per_node_than_the_nodes_have(
     line, = r.stderr.strip().splitlines()
     assert line == ("does not fit: sbatch --test-only vllm-tp8.sbatch: allocation failure: Requested node "
                     "configuration is not available"), line
+
+
+def test_a_rank_that_fails_its_gate_ends_the_job_and_leaves_nothing(slurm, tmp_path):
+    import shutil
+
+    from railyard.lab.checkpoint import write_checkpoint
+
+    from .conftest import home
+    inv, env = slurm
+    model = home("B") / "models" / "GLM-5.3-NVFP4"
+    shutil.rmtree(model)  # B's vLLM fails as vLLM does without its checkpoint
+    try:
+        assert inv_cmd("export", "-i", str(inv), "--to", "slurm", "--out", str(tmp_path)).returncode == 0
+        job = _slurm(env, "sbatch", "--parsable", str(tmp_path / f"{NAME}.sbatch"), cwd=tmp_path).stdout.strip()
+        wait_for(lambda: _gone(env, job), "the job to end on its own", timeout=90)
+        text = (tmp_path / f"{NAME}-{job}.out").read_text()
+        assert "railyard: worker-1 failed its gates" in text and "starting head" not in text, text
+        assert "railyard: B: glm53-full: exited" in text, text  # the rank and why, with its log's last lines
+        for h in ("A", "B"):
+            assert on(h, "docker ps -a --format '{{.Names}}'").stdout.split() == [], h
+    finally:
+        write_checkpoint(model, 0.002, 2)

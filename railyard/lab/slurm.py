@@ -201,7 +201,7 @@ def _munge(d: Path) -> None:
         raise LabError(f"lab --slurm: munge does not authenticate: {(r.stdout + r.stderr).strip()[-300:]}")
 
 
-def _wait_idle(root: Path, names: list[str], env: dict, timeout: float = 30.0) -> None:
+def _wait_idle(root: Path, names: list[str], env: dict, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
@@ -211,7 +211,14 @@ def _wait_idle(root: Path, names: list[str], env: dict, timeout: float = 30.0) -
         if all(states.get(n, "").rstrip("*") in ("idle", "allocated", "mixed") for n in names):
             return
         time.sleep(0.3)
-    raise LabError(f"lab --slurm: nodes not idle after {timeout:g} s: {last} (logs: {slurm_dir(root)}/log)")
+    tails = []
+    for n in names:
+        try:
+            tails.append(f"{n}: " + (slurm_dir(root) / "log" / f"slurmd-{n}.log").read_text().strip().splitlines()[-1])
+        except (OSError, IndexError):
+            tails.append(f"{n}: no slurmd log")
+    raise LabError(f"lab --slurm: nodes not idle after {timeout:g} s: {' '.join(last.split())}; last slurmd lines: "
+                   f"{'; '.join(tails)} (logs: {slurm_dir(root)}/log)")
 
 
 def _stop(d: Path) -> None:
