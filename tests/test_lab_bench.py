@@ -143,3 +143,28 @@ def test_a_deployment_running_another_configuration_is_not_benchmarked_as_this_o
     assert r.returncode == 1, r.stdout + r.stderr
     assert "glm53-full on A" in r.stderr and "another configuration than the inventory's" in r.stderr
     assert "inv launch --recreate" in r.stderr
+
+
+def test_ctrl_c_during_a_sweep_puts_the_original_configuration_back(served, tmp_path):
+    import os
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "invoke", "bench", "--concurrency", "4", *SMALL, "--out", str(tmp_path),
+                          "--sweep", "max_num_seqs=2,4"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True, env={**os.environ, "RAILYARD_INVENTORY": str(served)})
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "bench: C=4:" not in seen and time.monotonic() < deadline:   # AIPerf is running on the swept value
+        line = p.stderr.readline()
+        if not line:
+            break
+        seen += line
+    assert "bench: C=4:" in seen, seen
+    time.sleep(1.0)
+    os.killpg(p.pid, signal.SIGINT)                                    # the terminal's Ctrl-C: the whole group
+    out, err = p.communicate(timeout=180)
+    err = seen + err
+    assert p.returncode == 130, err
+    assert "restoring the original configuration" in err and "Traceback" not in err
+    assert json.loads(run("status", "--json", inv=served).stdout)["ok"]
+    assert not list(tmp_path.glob("glm53-full/*/summary.json"))
