@@ -33,8 +33,8 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
     size = v["preflight_mtu"] - 28
     count = v["preflight_ping_count"]
     deadline = int(count * 0.2 + 3)
-    # a small ping first: it resolves the neighbour entry (at 24 hosts the first jumbo frame to a peer was lost
-    # while ARP resolved) and tells "small frames pass" from "nothing passes" (an MTU black hole vs a dead path)
+    # a small ping per peer first: it resolves the neighbour entry before the jumbo frames, and tells "small
+    # frames pass" from "nothing passes" (an MTU black hole vs a dead path: checks.one_cause)
     pings = fan_out([(p.serve_rail.ip, Sh(cmd("ping", "-I", rail.name, "-c", "1", "-W", "1", p.serve_rail.ip)
                                           + f"; echo {q(C.JUMBO_MARK)}; "
                                           + cmd("ping", "-I", rail.name, "-M", "do", "-s", size, "-c", count,
