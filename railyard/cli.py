@@ -174,6 +174,8 @@ def _print_launch(rep, con, what: str) -> int:
         con.print(Text(f"{what}: already running with this configuration on {', '.join(rep.order)}: nothing to do",
                        style="green"))
         return 0
+    if rep.kept:
+        con.print(f"kept, already running with this configuration: {', '.join(rep.kept)}")
     if rep.proof:
         con.print(Text(f"P->D path: {rep.proof}", style="green"))
     ep = rep.plan.endpoint

@@ -276,13 +276,30 @@ class SSHSession(Session):
                 chan.close()
                 return Result(self.host.name, command, None, out.decode(errors="replace"),
                               err.decode(errors="replace"), time.monotonic() - started,
-                              HostError("timeout", f"command did not finish within {timeout:g}s",
-                                        "raise ssh_command_timeout or find what hangs on the host"))
+                              self._lost(timeout) or HostError(
+                                  "timeout", f"command did not finish within {timeout:g}s",
+                                  "raise ssh_command_timeout or find what hangs on the host"))
             select.select([chan], [], [], min(left, 1.0))
         rc = chan.recv_exit_status()
         chan.close()
         return Result(self.host.name, command, rc, out.decode(errors="replace"), err.decode(errors="replace"),
                       time.monotonic() - started)
+
+    def _lost(self, timeout: float) -> HostError | None:
+        """After a command ran out of time: does the host still answer on its SSH port? If not, the
+        connection was lost under the command (a dead link sends no reset), and the session stays
+        failed, so later commands to that host fail at once instead of each waiting out its timeout."""
+        try:
+            socket.create_connection((self.host.address, self.host.port), timeout=min(self.connect_timeout, 5)).close()
+            return None
+        except OSError:
+            self.close()
+            self.error = HostError("unreachable", f"{self.host.address}:{self.host.port}: the connection stopped "
+                                                  f"answering during a command ({timeout:g}s) and the host no longer "
+                                                  "answers",
+                                   "the host or its management network went away (link, switch port, power): check "
+                                   "it, then run the task again")
+            return self.error
 
     def close(self) -> None:
         if self._conn is not None:

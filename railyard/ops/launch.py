@@ -59,6 +59,7 @@ class LaunchReport:
     order: list[str]                      # hosts, in start order
     commands: dict[str, str] = field(default_factory=dict)  # service -> its docker run line
     started: list[str] = field(default_factory=list)        # services this run started
+    kept: list[str] = field(default_factory=list)           # running with this configuration already (a resumed launch)
     noop: bool = False
     failed_rank: str | None = None        # the host of the service that failed
     failed_service: str | None = None
@@ -343,19 +344,24 @@ def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: st
     if all(c.exists and c.running and c.config == wanted[n] for n, c in existing.items()):
         return LaunchReport(plan.hosts(), commands, noop=True, api=plan.endpoint.url, plan=plan)
     present = {n: c for n, c in existing.items() if c.exists}
-    if present and not recreate:
-        names = ", ".join(sorted({plan.service(n).spec.name for n in present}))
+    # what an interrupted or failed launch of this same plan left running is kept: the launch resumes
+    keep = set() if recreate else {n for n, c in present.items() if c.running and c.config == wanted[n]}
+    other = {n: c for n, c in present.items() if n not in keep}
+    if other and not recreate:
+        names = ", ".join(sorted({plan.service(n).spec.name for n in other}))
         desc = ", ".join(f"{label(plan, plan.service(n))}: {c.status}"
-                         f"{'' if c.config == wanted[n] else ', another configuration'}" for n, c in present.items())
+                         f"{'' if c.config == wanted[n] else ', another configuration'}" for n, c in other.items())
         raise LaunchError(f"container {names} already exists ({desc}): pass --recreate to replace it, or use "
                           "`inv start` to resume stopped containers")
     for svc in teardown_order(plan):
-        if svc.name in present:
+        if svc.name in present and svc.name not in keep:
             runner.session(svc.host).run(cmd("docker", "rm", "-f", svc.spec.name), timeout=120)
     ensure_secrets(plan, runner)
     ensure_files(plan, runner, services)
 
     def start_one(svc: Service) -> str | None:
+        if svc.name in keep:  # its gates are still waited for, as for the others
+            return None
         r = runner.session(svc.host).run(commands[svc.name], timeout=300)
         if r.error:
             return f"{r.error.kind}: {r.error.message}"
@@ -364,6 +370,8 @@ def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: st
         return None
 
     rep = run_stages(plan, runner, timeout, console, start_one)
+    rep.kept = [label(plan, plan.service(n)) for n in rep.started if n in keep]
+    rep.started = [n for n in rep.started if n not in keep]
     rep.commands = commands
     final_gates(plan, runner, rep)
     if rep.failure and rollback:
