@@ -65,6 +65,20 @@ def _mtu_heal(h, value):
     in_host(h, "ip", "link", "set", h.serve_rail, "mtu", "9000")
 
 
+def _mtu_blackhole(h, value):
+    """A switch on the path below the rails' MTU: the bridge port of this host's serving rail (its root-namespace
+    veth end) drops every frame larger than N (default 1500) silently, both ways; both hosts keep MTU 9000."""
+    mtu = value or "1500"
+    if not mtu.isdigit():
+        raise UsageError(f"lab.fault mtu-blackhole: {mtu!r} is not an MTU")
+    subprocess.run(["ip", "link", "set", h.veth(h.serve_rail), "mtu", mtu], check=True)
+    return mtu
+
+
+def _mtu_blackhole_heal(h, value):
+    subprocess.run(["ip", "link", "set", h.veth(h.serve_rail), "mtu", "9000"], check=False)
+
+
 def _link_down(h, value):
     in_host(h, "ip", "link", "set", h.serve_rail, "down")
     return "down"
@@ -327,6 +341,8 @@ def _anchor(h: LabHost) -> int:
 
 FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "mtu": (_mtu, _mtu_heal, "set the serving rail's MTU (default 1500)"),
+    "mtu-blackhole": (_mtu_blackhole, _mtu_blackhole_heal, "a switch port on the serving rail's path drops frames "
+                      "above N bytes (default 1500); both ends keep MTU 9000"),
     "link-down": (_link_down, _link_heal, "take the serving rail's link down"),
     "mgmt-down": (_mgmt_down, _mgmt_heal, "take the management link down (SSH from the control machine stops answering)"),
     "no-ip": (_no_ip, _no_ip_heal, "remove the serving rail's IPv4 address"),
