@@ -280,15 +280,18 @@ ns.add_task(collect)
             "out": "results root (default ./bench): OUT/<deployment>/<stamp>/",
             "tokenizer": "a local tokenizer directory (default: the checkpoint's own files, fetched from the host)",
             "timeout": "seconds to wait for each relaunch of a sweep (default vllm_start_timeout_s)",
+            "where": "where AIPerf runs: control (this machine, the default) or head (the endpoint's host, "
+                     "its AIPerf at bench_aiperf_venv)",
             "json": JSON, "set": SET}, iterable=["set_", "slo"])
 def bench(c, inventory=None, concurrency=None, isl=None, osl=None, isl_stddev=0, osl_stddev=0, dataset=None,
           prefix_prompts=0, prefix_length=0, warmup=3, requests=10, seed=1, slo=None, require=False, sweep=None,
-          compare=None, out=None, tokenizer=None, timeout=None, json=False, set_=None):
+          compare=None, out=None, tokenizer=None, timeout=None, json=False, set_=None, where=None):
     """Benchmark the endpoint with AIPerf: a table per concurrency, SLO verdicts, PNG plots, sweeps of launch flags."""
     cli.bench(inventory, concurrency, _int(isl, "--isl"), _int(osl, "--osl"), _int(isl_stddev, "--isl-stddev"),
               _int(osl_stddev, "--osl-stddev"), dataset, _int(prefix_prompts, "--prefix-prompts"),
               _int(prefix_length, "--prefix-length"), _int(warmup, "--warmup"), _int(requests, "--requests"),
-              _int(seed, "--seed"), slo, require, sweep, compare, out, tokenizer, _num(timeout, "--timeout"), json, set_)
+              _int(seed, "--seed"), slo, require, sweep, compare, out, tokenizer, _num(timeout, "--timeout"), json, set_,
+              where)
 
 
 ns.add_task(bench)

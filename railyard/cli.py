@@ -654,7 +654,7 @@ def bench(inventory: str | None = None, concurrency: str | None = None, isl: int
           isl_stddev: int = 0, osl_stddev: int = 0, dataset: str | None = None, prefix_prompts: int = 0,
           prefix_length: int = 0, warmup: int = 3, requests: int = 10, seed: int = 1, slo=None, require: bool = False,
           sweep: str | None = None, compare: str | None = None, out: str | None = None, tokenizer: str | None = None,
-          timeout: float | None = None, json_out: bool = False, overrides=None) -> int:
+          timeout: float | None = None, json_out: bool = False, overrides=None, where: str | None = None) -> int:
     from pathlib import Path
     from .bench import view
     from .bench.aiperf import Load, check_usage
@@ -671,7 +671,10 @@ def bench(inventory: str | None = None, concurrency: str | None = None, isl: int
                 prefix_prompts=prefix_prompts, prefix_length=prefix_length, warmup_per_c=warmup,
                 requests_per_c=requests, seed=seed)
     check_usage(load)
-    if tokenizer and not Path(tokenizer).is_dir():
+    where = where or inv.head.vars.get("bench_where") or "control"
+    if where not in ("control", "head"):
+        raise UsageError(f"--where {where!r}: control (this machine) or head (the endpoint's host)")
+    if tokenizer and not Path(tokenizer).is_dir() and where == "control":
         raise UsageError(f"--tokenizer {tokenizer}: no such directory")
     swept = parse_sweep(sweep, inv) if sweep else None
     if swept:  # every value checked as `inv launch` would, before the first relaunch (exit 2, no host touched)
@@ -680,7 +683,7 @@ def bench(inventory: str | None = None, concurrency: str | None = None, isl: int
             layouts.validated(_inventory(inventory, list(overrides or []) + [f"{swept[0]}={v}"]))
     opts = Options(concurrency=parse_concurrency(concurrency or "1,8,16,32"), load=load, slos=slos,
                    sweep=swept, compare=load_compare(compare) if compare else None,
-                   out=Path(out or "bench"), tokenizer=tokenizer, start_timeout=timeout)
+                   out=Path(out or "bench"), tokenizer=tokenizer, start_timeout=timeout, where=where)
     err = console(stderr=True)
     summary = run(inv, opts, overrides, err if not json_out else None, log=lambda m: err.print(m, style="dim",
                                                                                                highlight=False))

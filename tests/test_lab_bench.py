@@ -168,3 +168,18 @@ def test_ctrl_c_during_a_sweep_puts_the_original_configuration_back(served, tmp_
     assert "restoring the original configuration" in err and "Traceback" not in err
     assert json.loads(run("status", "--json", inv=served).stdout)["ok"]
     assert not list(tmp_path.glob("glm53-full/*/summary.json"))
+
+
+def test_aiperf_on_the_head_reads_the_key_there_and_brings_its_exports_back(served, tmp_path):
+    r = run("bench", "--where", "head", "--concurrency", "2", *SMALL, "--out", str(tmp_path), inv=served)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = _summary(tmp_path)
+    assert s["where"] == "head" and s["series"][0]["points"][0]["requests"] == 4
+    d = Path(s["dir"]) / "c2"
+    assert (d / "profile_export_aiperf.json").is_file() and (d / "aiperf.out").is_file()
+    assert "--api-key '<redacted>'" in json.loads((d / "profile_export_aiperf.json").read_text())["run_info"]["cli_command"]
+    key = (home("A") / ".config" / "railyard" / "vllm-api-key").read_text().strip()
+    assert not [f for f in Path(s["dir"]).rglob("*") if f.is_file() and key.encode() in f.read_bytes()]
+    bad = run("bench", "--where", "head", "--concurrency", "1", "--out", str(tmp_path), "--set",
+              "bench_aiperf_venv=/opt/no-aiperf", inv=served)
+    assert bad.returncode == 1 and "A: bench_aiperf_venv /opt/no-aiperf: no AIPerf there" in bad.stderr, bad.stderr

@@ -1,9 +1,10 @@
 """AIPerf, the load generator of `inv bench`: its pinned virtualenv, one run's command, and the
 parser of its export (`profile_export_aiperf.json`, schema 1.4 of aiperf 0.13.0).
 
-The venv lives outside any checkout (RAILYARD_AIPERF_VENV, default
-$XDG_CACHE_HOME/railyard/venvs/aiperf-<version>), made once on first use and current while its
-marker holds exactly the pinned spec; it is never installed into a serving image.
+The venv lives outside any checkout (RAILYARD_AIPERF_VENV; default /var/cache/railyard/venvs/
+aiperf-<version> as root, else $XDG_CACHE_HOME/railyard/venvs/aiperf-<version>), made once on first
+use and current while its marker holds exactly the pinned spec; it is never installed into a
+serving image. `--where head` runs the venv at `bench_aiperf_venv` on the endpoint's host instead.
 
     point = parse_export(json.load(open("c8/profile_export_aiperf.json")))
     point.metrics["ttft_mean_s"], point.units["time_to_first_token"]   # 0.0412, "ms"
@@ -40,9 +41,15 @@ class BenchError(RailyardError):
     """A benchmark that could not run or whose result cannot be trusted (exit 1)."""
 
 
+SHARED = Path("/var/cache/railyard/venvs") / f"aiperf-{VERSION}"  # root's: the lab's hosts see it too
+
+
 def venv_dir() -> Path:
+    """RAILYARD_AIPERF_VENV; else, as root, SHARED (beside the lab's component venvs); else the user's cache."""
     if os.environ.get(VENV_ENV):
         return Path(os.environ[VENV_ENV])
+    if os.geteuid() == 0:
+        return SHARED
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "railyard" / "venvs" / f"aiperf-{VERSION}"
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import io
 import json
 import shutil
 import socket
+import tarfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from ..render.docker import config_hash
 from ..runner import Runner
 from ..serving import layouts
 from ..serving.spec import Endpoint, LaunchPlan
-from ..transport import CommandFailed, RemotePath, Session, q, read_remote
+from ..transport import CommandFailed, RemotePath, Session, cmd, q, read_remote, write_remote
 from . import aiperf
 from .aiperf import BenchError, Load, Point
 from .slo import Slo, best_concurrency, verdicts
@@ -53,6 +55,7 @@ class Options:
     out: Path = Path("bench")
     tokenizer: str | None = None                 # a local tokenizer directory instead of the checkpoint's
     start_timeout: float | None = None
+    where: str | None = None                     # control or head (None: bench_where)
 
 
 @dataclass
@@ -190,14 +193,74 @@ def reach(s: Session, ep: Endpoint):
 
 # ---------------------------------------------------------------- one series
 
-def _point(url: str, key: str, tok: str, model: str, c: int, opts: Options, out: Path, metrics_url: str | None,
+class _Local:
+    """AIPerf on this machine, the key on a pipe."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def artifact_dir(self, d: Path) -> str:
+        return str(d)
+
+    def run(self, argv: list[str], d: Path, timeout: float) -> int:
+        return aiperf.run_profile(argv, self.key, d, timeout).returncode
+
+
+class _OnHost:
+    """AIPerf on the endpoint's host (bench_aiperf_venv there): the key file opened on its fd 3 by the
+    host's shell, so the key never leaves the host; each run's files are copied back into c<C>/."""
+
+    def __init__(self, s: Session, venv: str, key_file: str):
+        self.s, self.venv, self.key_file = s, venv.rstrip("/"), key_file
+        r = s.run(f"ls -d {q(RemotePath(self.venv))}/lib/python3*/site-packages/aiperf-*.dist-info 2>/dev/null; "
+                  f"test -x {q(RemotePath(self.venv))}/bin/python && echo @@python", timeout=30)
+        names = [ln.rsplit("/", 1)[-1] for ln in r.stdout.splitlines() if ln.endswith(".dist-info")]
+        have = names[0][len("aiperf-"):-len(".dist-info")] if names else None
+        if r.error or "@@python" not in r.stdout or have != aiperf.VERSION:
+            raise BenchError(f"{s.host.name}: bench_aiperf_venv {venv}: " + (f"aiperf {have} there, railyard needs "
+                             f"{aiperf.VERSION}" if have else "no AIPerf there") + f" (install it on {s.host.name}: "
+                             f"python3 -m venv {venv} && {venv}/bin/pip install aiperf=={aiperf.VERSION}; or run "
+                             "from this machine: --where control)")
+        t = s.run("mktemp -d /tmp/railyard-bench.XXXXXX", timeout=30)
+        if not t.ok or not t.stdout.strip():
+            raise BenchError(f"{s.host.name}: cannot make a temporary directory: {t.error or t.stderr.strip()}")
+        self.tmp = t.stdout.strip()
+        write_remote(s, f"{self.tmp}/aiperf_main.py", aiperf.LAUNCHER.read_text(), mode="700")
+
+    def artifact_dir(self, d: Path) -> str:
+        return f"{self.tmp}/{d.parent.name}-{d.name}"
+
+    def run(self, argv: list[str], d: Path, timeout: float) -> int:
+        rd = self.artifact_dir(d)
+        env = "env " + " ".join(f"-u {k}" for k in aiperf.UNSET) + " " + " ".join(
+            f"{k}={q(v)}" for k, v in aiperf.ENV.items())
+        key = q(RemotePath(self.key_file)) if self.key_file else "/dev/null"
+        line = (f"mkdir -p {q(rd)} && {env} {q(RemotePath(self.venv))}/bin/python -I {q(self.tmp)}/aiperf_main.py 3 "
+                f"{cmd(*argv)} 3< {key} > {q(rd)}/aiperf.out 2>&1 < /dev/null; echo \"@@rc $?\"")
+        r = self.s.run(line, timeout=timeout)
+        if r.error:
+            raise BenchError(f"{self.s.host.name}: AIPerf over SSH: {r.error}")
+        rc = int(r.stdout.rsplit("@@rc ", 1)[-1].strip() or 1) if "@@rc " in r.stdout else 1
+        got = self.s.run(f"tar -C {q(rd)} -cf - . | base64", timeout=300)
+        if not got.ok:
+            raise BenchError(f"{self.s.host.name}: cannot copy AIPerf's files from {rd}: {got.stderr.strip()[:200]}")
+        d.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(got.stdout)), mode="r:") as tf:
+            tf.extractall(d, filter="data")
+        return rc
+
+    def close(self) -> None:
+        self.s.run(f"rm -rf {q(self.tmp)}", timeout=60)
+
+
+def _point(runner, url: str, tok: str, model: str, c: int, opts: Options, out: Path, metrics_url: str | None,
            log) -> Point:
     d = out / f"c{c}"
     shutil.rmtree(d, ignore_errors=True)
-    argv = aiperf.profile_argv(model, url, tok, c, opts.load, d, metrics_url)
+    argv = aiperf.profile_argv(model, url, tok, c, opts.load, runner.artifact_dir(d), metrics_url)
     log(f"bench: C={c}: {max(opts.load.min_requests, opts.load.requests_per_c * c)} requests "
         f"(+{opts.load.warmup_per_c * c} warm-up) -> {d}")
-    p = aiperf.run_profile(argv, key, d, timeout=opts.load.timeout_s * 4 + 600)
+    rc = runner.run(argv, d, timeout=opts.load.timeout_s * 4 + 600)
     export = d / aiperf.EXPORT
     try:
         ready = json.loads((d / aiperf.READY).read_text())
@@ -205,7 +268,7 @@ def _point(url: str, key: str, tok: str, model: str, c: int, opts: Options, out:
         ready = {}
     tail = (d / "aiperf.out").read_text(errors="replace").strip().splitlines()[-3:] if (d / "aiperf.out").exists() else []
     records = d / "profile_export.jsonl"
-    if p.returncode != 0 and not export.exists() and records.exists():
+    if rc != 0 and not export.exists() and records.exists():
         errs = aiperf.record_errors(records.read_text(errors="replace"))
         if errs:  # AIPerf exports nothing when no request succeeded
             n = sum(errs.values())
@@ -214,9 +277,9 @@ def _point(url: str, key: str, tok: str, model: str, c: int, opts: Options, out:
                              + (" (the key is refused: check it on the endpoint's host)" if what.startswith(("HTTP 401",
                                                                                                       "HTTP 403"))
                                 else "") + f" (records: {records})")
-    if p.returncode != 0 or not ready.get("ready") or ready.get("partial") or ready.get("was_cancelled") \
+    if rc != 0 or not ready.get("ready") or ready.get("partial") or ready.get("was_cancelled") \
             or not export.exists():
-        raise BenchError(f"AIPerf at C={c} did not finish (exit {p.returncode}, {aiperf.READY}: {ready or 'missing'}): "
+        raise BenchError(f"AIPerf at C={c} did not finish (exit {rc}, {aiperf.READY}: {ready or 'missing'}): "
                          + (" | ".join(x.strip() for x in tail) or "no output") + f" (see {d / 'aiperf.out'})")
     try:
         point = aiperf.parse_export(json.loads(export.read_text()), c)
@@ -239,15 +302,35 @@ def _series(inv: Inventory, opts: Options, out: Path, label: str, log) -> tuple[
             raise BenchError(f"{ep.host}: {err}")
         _check_current(runner, plan)
         _check_endpoint(s, ep)
-        key = _key(s, ep)
-        tok = opts.tokenizer or str(fetch_tokenizer(s, inv.head.vars["model_path"], out / "tokenizer"))
         # vLLM's /metrics (AIPerf keeps it as server_metrics_export.json); LiteLLM's needs the key, the pd proxy has none
         scrape = plan.service(ep.service).role not in ("router", "proxy")
         points = []
+        if (opts.where or inv.head.vars.get("bench_where") or "control") == "head":
+            tok = opts.tokenizer or _host_dir(s, inv.head.vars["model_path"])
+            host = _OnHost(s, str(inv.head.vars.get("bench_aiperf_venv") or aiperf.SHARED), ep.api_key_file)
+            url = f"http://{ep.local_address}:{ep.port}"
+            try:
+                for c in opts.concurrency:
+                    points.append(_point(host, url, tok, ep.model, c, opts, out, url + "/metrics" if scrape else None,
+                                         log))
+            finally:
+                host.close()
+            return plan, points
+        key = _key(s, ep)
+        tok = opts.tokenizer or str(fetch_tokenizer(s, inv.head.vars["model_path"], out / "tokenizer"))
         with reach(s, ep) as url:
             for c in opts.concurrency:
-                points.append(_point(url, key, tok, ep.model, c, opts, out, url + "/metrics" if scrape else None, log))
+                points.append(_point(_Local(key), url, tok, ep.model, c, opts, out,
+                                     url + "/metrics" if scrape else None, log))
     return plan, points
+
+
+def _host_dir(s: Session, path: str) -> str:
+    """A directory's absolute path on the host (model_path may start with ~/)."""
+    r = s.run(f"cd {q(RemotePath(path.rstrip('/')))} && pwd", timeout=30)
+    if not r.ok or not r.stdout.strip():
+        raise BenchError(f"{s.host.name}: no checkpoint directory {path} for the tokenizer")
+    return r.stdout.strip().splitlines()[-1]
 
 
 def _relaunch(inv: Inventory, timeout: float | None, console, what: str) -> None:
@@ -324,4 +407,5 @@ def make_summary(inv, plan, deployment, stamp, root, opts: Options, series: list
             "load": asdict(replace(opts.load)), "concurrency": opts.concurrency,
             "slos": [str(x) for x in opts.slos], "slo_ok": slo_ok, "series": docs,
             "restored": restored, "compare": opts.compare.get("_path") if opts.compare else None,
+            "where": opts.where or inv.head.vars.get("bench_where") or "control",
             "inventory": str(inv.path)}
