@@ -125,6 +125,9 @@ def _png_text(path) -> dict:
 class _Inv:
     path = "lab.yml"
 
+    class head:
+        vars: dict = {}
+
 
 def _summary(tmp_path, slos=()):
     pts = [parse_export(export(f)) for f in ("local-lab-c1.profile_export_aiperf.json",
