@@ -112,3 +112,50 @@ def test_a_rank_that_fails_its_gate_ends_the_job_and_leaves_nothing(slurm, tmp_p
             assert on(h, "docker ps -a --format '{{.Names}}'").stdout.split() == [], h
     finally:
         write_checkpoint(model, 0.002, 2)
+
+
+def test_prefill_and_decode_run_as_a_heterogeneous_job_on_three_hosts(lab_inventory, tmp_path):
+    """The pd layout (prefill A and B with two instances each, decode C, the real vllm-router on A): one
+    component per pool; the pools start, then the proxy; inv health's request goes through the proxy."""
+    from railyard import lab
+    from railyard.lab import faults
+    from railyard.lab import slurm as slurm_lab
+    from railyard.lab.checkpoint import write_checkpoint
+
+    from .conftest import home, pd_inventory
+    faults.heal()
+    path = lab.up(3, log=lambda *_: None, shape="hgx8", slurm=True)
+    env = dict(os.environ, **slurm_lab.client_env(lab.lab_dir()))
+    job = None
+    try:
+        for h in ("A", "B", "C"):
+            write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+        p = pd_inventory(path, path.parent / "pd.yml")
+        r = inv_cmd("export", "-i", str(p), "--to", "slurm", "--out", str(tmp_path), "--test-only", env=env)
+        assert r.returncode == 0 and "fits: sbatch --test-only vllm-pd.sbatch: Job" in r.stdout, r.stdout + r.stderr
+        text = (tmp_path / "vllm-pd.sbatch").read_text()
+        assert text.count("#SBATCH hetjob") == 1 and "--het-group" in text
+        t0 = time.monotonic()
+        job = _slurm(env, "sbatch", "--parsable", str(tmp_path / "vllm-pd.sbatch"), cwd=tmp_path).stdout.strip()
+        job = job.split(";")[0]
+        out = tmp_path / f"vllm-pd-{job}.out"
+        wait_for(lambda: "is ready" in (out.read_text() if out.exists() else "") or _gone(env, job),
+                 "the proxy's readiness", timeout=150)
+        log = out.read_text()
+        assert "railyard: vllm-pd is ready: proxy on A, port 8192" in log, log
+        assert log.index("starting decode-0 on C") < log.index("starting proxy on A")
+        ready_s = time.monotonic() - t0
+        r = inv_cmd("health", "-i", str(p), "--json", timeout=200)
+        doc = json.loads(r.stdout)
+        assert r.returncode == 0 and doc["ok"], r.stdout[-3000:] + r.stderr
+        assert {c["host"] for c in doc["checks"] if c["check"] == "service" and c["status"] == "pass"} == {"A", "B", "C"}
+        _slurm(env, "scancel", job)
+        wait_for(lambda: _gone(env, job), "the job gone after scancel", timeout=60)
+        for h in ("A", "B", "C"):
+            assert on(h, "docker ps -a --format '{{.Names}}'").stdout.split() == [], h
+        print(f"\npd heterogeneous job: sbatch -> proxy ready {ready_s:.1f} s")
+    finally:
+        if job:
+            _slurm(env, "scancel", job)
+        lab.up(2, log=lambda *_: None)  # the shape every other lab test expects
+        faults.heal()

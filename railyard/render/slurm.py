@@ -75,11 +75,13 @@ MEMBER = r'''set -euo pipefail
 action=$1 service=$2
 export HEAD_ADDR=${3:-}  # the group head's rail address, for the ranks that join it
 me="${SLURMD_NODENAME:-$(hostname -s)}"
-# this node's rank in the job: its place in $SLURM_JOB_NODELIST (a step on one node has SLURM_NODEID 0)
-mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-NODE_RANK=-1
-for i in "${!nodes[@]}"; do [ "${nodes[$i]}" != "$me" ] || NODE_RANK=$i; done
-[ "$NODE_RANK" -ge 0 ] || { echo "railyard: $me is not in the job's nodes (${nodes[*]})" >&2; exit 1; }
+node_rank() {  # NODE_RANK: this node's place in $SLURM_JOB_NODELIST (a step on one node has SLURM_NODEID 0)
+    local nodes i
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    NODE_RANK=-1
+    for i in "${!nodes[@]}"; do [ "${nodes[$i]}" != "$me" ] || NODE_RANK=$i; done
+    [ "$NODE_RANK" -ge 0 ] || die "$me is not in the job's nodes (${nodes[*]})"
+}
 die() { echo "railyard: $me: $*" >&2; exit 1; }
 rail() {  # the node's own address on the rail and the RoCE v2 GID index holding it, as inv env finds them
     NODE_ADDR=$(ip -4 -o addr show dev "$1" 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')
@@ -141,12 +143,32 @@ hold() {
 '''
 
 
+def _components(plan: LaunchPlan) -> list[list[str]]:
+    """The job's components, each a list of hosts: one, the head's host first (node 0, the first host of
+    the node list); for prefill/decode pools a heterogeneous job, one component per pool (its own node
+    count and GPUs per node), the proxy with its host's pool."""
+    hosts = plan.report_hosts()
+    pools = [r for r in ("prefill", "decode") if any(s.role == r for s in plan.services())]
+    if len(pools) < 2:
+        return [hosts]
+    pool_of = {h: next((s.role for s in plan.on_host(h) if s.role in pools), "") for h in hosts}
+    comps = [[h for h in hosts if pool_of[h] == p] for p in pools]
+    rest = [h for h in hosts if not pool_of[h]]
+    return [c for c in comps + [rest] if c]
+
+
+def _gpus(plan: LaunchPlan, hosts: list[str]) -> int:
+    return max(sum(s.spec.gpus.count for s in plan.on_host(h) if s.expects("gpu_process", "required") == "required")
+               for h in hosts)
+
+
 def render(plan: LaunchPlan, inv: Inventory) -> str:
-    hosts = plan.report_hosts()  # the head's host first: node 0, the first host of the job's node list
-    node = {h: i for i, h in enumerate(hosts)}
+    comps = _components(plan)
+    het = len(comps) > 1
+    hosts = [h for c in comps for h in c]
+    node = {h: i for i, h in enumerate(hosts)}  # a place in the job; (component, index) in `at`
+    at = {h: (ci, c.index(h)) for ci, c in enumerate(comps) for h in c}
     n = len(hosts)
-    gpus_per_node = max(sum(s.spec.gpus.count for s in plan.on_host(h)
-                            if s.expects("gpu_process", "required") == "required") for h in hosts)
     ep = plan.endpoint
     timeout = int(float(inv.host(ep.host).vars.get("vllm_start_timeout_s", 1800)))
     cases, starts = [], []
@@ -165,6 +187,8 @@ def render(plan: LaunchPlan, inv: Inventory) -> str:
             iface = env.get("NCCL_SOCKET_IFNAME") or inv.host(svc.host).serve_rail.name
             hca = env.get("NCCL_IB_HCA", "") if needs & {"ref_gid_index", "gid_index"} else ""
             setup.append(f"rail {q(str(iface))} {q(str(hca))}")
+        if "ref_node_rank" in needs and svc.rank == k:
+            setup.append("node_rank")
         count = max([int(t[3:]) + 1 for t in needs if t.startswith("gpu") and t[3:].isdigit()] or [0])
         if count:
             setup.append(f"gpus {q(svc.spec.gpus.name or inv.host(svc.host).vars['cluster_gpu_name'])} {count}")
@@ -178,29 +202,52 @@ def render(plan: LaunchPlan, inv: Inventory) -> str:
         starts.append((svc, k, head_node))
     member = (MEMBER + 'case "$service:$action" in\n' + "\n".join(cases) +
               '\n    *) die "no service $service (action $action) in this job";;\nesac\n')
+    def where(h: str) -> str:
+        ci, i = at[h]
+        return f"${{NODES_{ci}[{i}]}}" if het else f"${{NODES[{i}]}}"
+
+    def place(h: str) -> str:
+        ci, i = at[h]
+        return f"{ci} {i}" if het else str(i)
+    what = "one heterogeneous Slurm job, a component per pool" if het else "one Slurm job"
     out = [
         "#!/bin/bash",
         f"# Rendered by railyard from the {plan.layout} plan of {plan.deployment}: the containers `inv launch` starts,",
-        f"# as one Slurm job. Submit: sbatch [--partition=P] [--time=T] {plan.deployment}.sbatch",
+        f"# as {what}. Submit: sbatch [--partition=P] [--time=T] {plan.deployment}.sbatch",
         "# Stop: scancel JOBID (each service's step removes its container). Nodes, in order: " + ", ".join(
-            f"{i}={h} ({', '.join(s.name for s in plan.on_host(h))})" for i, h in enumerate(hosts)),
+            f"{place(h).replace(' ', '.')}={h} ({', '.join(s.name for s in plan.on_host(h))})" for h in hosts),
         f"#SBATCH --job-name={plan.deployment}",
-        f"#SBATCH --nodes={n}",
-        "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --exclusive",
+        f"#SBATCH --output={plan.deployment}-%j.out",
     ]
-    if gpus_per_node:
-        out.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
-    out += [f"#SBATCH --output={plan.deployment}-%j.out", "set -euo pipefail", "",
+    for ci, comp in enumerate(comps):
+        if ci:
+            out.append("#SBATCH hetjob")
+        out += [f"#SBATCH --nodes={len(comp)}", "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive"]
+        if _gpus(plan, comp):
+            out.append(f"#SBATCH --gpus-per-node={_gpus(plan, comp)}")
+    out += ["set -euo pipefail", "",
             f"export RAILYARD_START_TIMEOUT={timeout}",
             "RAILYARD_MEMBER=$(cat <<'RAILYARD_MEMBER_END'", member.rstrip("\n"), "RAILYARD_MEMBER_END", ")",
-            "export RAILYARD_MEMBER",
-            'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-            f'[ "${{#NODES[@]}}" -eq {n} ] || {{ echo "railyard: the job has ${{#NODES[@]}} nodes, the plan {n}" >&2; exit 2; }}',
-            'step() {  # NODE ARGS...: one step on node NODE of the job',
-            '    local k=$1; shift',
-            '    srun --nodes=1 --ntasks=1 --relative="$k" --overlap --kill-on-bad-exit=1 bash -c "$RAILYARD_MEMBER" member "$@"',
-            '}',
+            "export RAILYARD_MEMBER"]
+    if het:
+        for ci, comp in enumerate(comps):
+            out += [f'mapfile -t NODES_{ci} < <(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_{ci}")',
+                    f'[ "${{#NODES_{ci}[@]}}" -eq {len(comp)} ] || {{ echo "railyard: component {ci} has '
+                    f'${{#NODES_{ci}[@]}} nodes, the plan {len(comp)}" >&2; exit 2; }}']
+        out += ['step() {  # COMPONENT NODE ARGS...: one step on node NODE of the job\'s component COMPONENT',
+                '    local c=$1 k=$2; shift 2',
+                '    srun --het-group="$c" --nodes=1 --ntasks=1 --relative="$k" --overlap --kill-on-bad-exit=1 '
+                'bash -c "$RAILYARD_MEMBER" member "$@"',
+                '}']
+    else:
+        out += ['mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+                f'[ "${{#NODES[@]}}" -eq {n} ] || {{ echo "railyard: the job has ${{#NODES[@]}} nodes, the plan {n}" >&2; '
+                'exit 2; }',
+                'step() {  # NODE ARGS...: one step on node NODE of the job',
+                '    local k=$1; shift',
+                '    srun --nodes=1 --ntasks=1 --relative="$k" --overlap --kill-on-bad-exit=1 bash -c "$RAILYARD_MEMBER" member "$@"',
+                '}']
+    out += [
             "STEPS=()",
             '# shellcheck disable=SC2317  # run by the EXIT trap',
             'stop_steps() {  # a failed gate or the end: every step removes its container before the job ends',
@@ -216,18 +263,18 @@ def render(plan: LaunchPlan, inv: Inventory) -> str:
             if any("head_addr" == getattr(a, "name", "") for a in svc.spec.command) and head_node not in heads:
                 var = f"HEAD_ADDR_{head_node}"
                 iface = dict(group[0].spec.env).get("NCCL_SOCKET_IFNAME") or inv.host(group[0].host).serve_rail.name
-                out.append(f'{var}=$(step {head_node} addr {q(group[0].name)} {q(str(iface))})')
+                out.append(f'{var}=$(step {place(group[0].host)} addr {q(group[0].name)} {q(str(iface))})')
                 heads[head_node] = var
             head = f'"${heads[head_node]}"' if head_node in heads else '""'
-            out.append(f"echo \"railyard: starting {svc.name} on ${{NODES[{k}]}}\" >&2")
-            out.append(f"step {k} run {q(svc.name)} {head} &")
+            out.append(f"echo \"railyard: starting {svc.name} on {where(svc.host)}\" >&2")
+            out.append(f"step {place(svc.host)} run {q(svc.name)} {head} &")
             out.append("STEPS+=($!)")
         for svc in stage.services:
             _, k, head_node = next(x for x in starts if x[0] is svc)
             head = f'"${heads[head_node]}"' if head_node in heads else '""'
-            out.append(f"step {k} gate {q(svc.name)} {head} || {{ echo \"railyard: {svc.name} failed its gates\" >&2; "
-                       "exit 1; }")
-    out += ["", f"echo \"railyard: {plan.deployment} is ready: {ep.service} on ${{NODES[{node[ep.host]}]}}, "
+            out.append(f"step {place(svc.host)} gate {q(svc.name)} {head} || {{ echo \"railyard: {svc.name} failed its "
+                       "gates\" >&2; exit 1; }")
+    out += ["", f"echo \"railyard: {plan.deployment} is ready: {ep.service} on {where(ep.host)}, "
             f"port {ep.port}\" >&2",
             'wait -n "${STEPS[@]}" || true', 'echo "railyard: a service stopped; ending the job" >&2', "exit 1", ""]
     text = "\n".join(out)
