@@ -7,8 +7,9 @@ gates that say when it has started and when it is ready.
     ops.launch.apply(plan, runner, ...)           # stages in order, gates, rollback
 
 Values that differ per target stay symbolic (`Ref`): the docker renderer puts in the head's
-rail address and the rank; a script renderer puts in `"$PORT"`; a LeaderWorkerSet renderer
-would put in `$(LWS_LEADER_ADDRESS)`. The plan never holds a docker flag.
+rail address and the rank; a script renderer puts in `"$PORT"`; the LeaderWorkerSet renderer
+puts in `$(LWS_LEADER_ADDRESS)`, the sbatch renderer variables set on the node. The plan never
+holds a docker flag.
 """
 
 from __future__ import annotations
