@@ -586,12 +586,20 @@ DRAIN = ("drain the host (inv stop), then reset the GPU (sudo nvidia-smi -r -i {
          "repair applies; if uncorrectable errors come back, RMA the GPU")
 
 
+HEALTH_UNSUPPORTED = "@@health-fields-unsupported"
+
+
 def check_gpu_health(host: Host, health_out: Output, dmesg_out: Output | None) -> CheckResult:
     """Uncorrectable ECC since the driver loaded, pending page retirement / row remapping, a failed remap, and
     Xid errors in the kernel log since boot, for the cluster GPUs. A pass needs both sources read."""
     bad = unusable(host, "gpu_health", health_out, "nvidia-smi")
     if bad:
         return bad
+    if HEALTH_UNSUPPORTED in health_out.text:
+        return CheckResult(host.name, "gpu_health", WARN, "this driver's nvidia-smi does not report the ECC / "
+                           "retired-page / row-remap fields: GPU health not read",
+                           "nvidia-smi --query-gpu=...,remapped_rows.pending: not a valid field",
+                           "update the NVIDIA driver, or read `nvidia-smi -q -d ECC,PAGE_RETIREMENT` by hand")
     if health_out.rc != 0 or "No devices were found" in health_out.text:
         return CheckResult(host.name, "gpu_health", FAIL, "nvidia-smi could not report GPU health",
                            _first_lines(health_out.text, 2), "`nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`")

@@ -742,3 +742,34 @@ def parse_ethtool_stats(text: str) -> dict[str, int]:
 
 RAIL_ERROR_COUNTERS = re.compile(r"(symbol_err|crc_err|link_down_events|discards|_errors_phy|fec_uncorrect|"
                                  r"out_of_buffer|rx_err_lane|excessive_buffer_overrun)")
+
+
+GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total")
+# preflight asks nvidia-smi once for both: the gpu check's five fields, then the health fields after index, uuid
+GPU_AND_HEALTH_FIELDS = GPU_FIELDS + HEALTH_FIELDS[2:]
+
+
+def split_gpu_query(text: str) -> tuple[str, str | None]:
+    """One `--query-gpu=` + GPU_AND_HEALTH_FIELDS answer (or, where this driver lacks a health field, the
+    five-field answer of the fallback after its `Field "..." is not a valid field to query.` line) as the two
+    texts parse_gpus and parse_gpu_health read; health None when the fields were not reported. Lines that are not
+    GPU rows (`No devices were found`) stay in both."""
+    base, health, other = [], [], []
+    unsupported = False
+    for line in text.splitlines():
+        if "is not a valid field to query" in line:
+            unsupported = True
+            continue
+        rows = _csv_rows(line + "\n")
+        cells = rows[0] if rows else []
+        if cells and cells[0].isdigit() and len(cells) == len(GPU_AND_HEALTH_FIELDS):
+            base.append(", ".join(cells[:len(GPU_FIELDS)]))
+            health.append(", ".join(cells[:2] + cells[len(GPU_FIELDS):]))
+        elif cells and cells[0].isdigit() and len(cells) == len(GPU_FIELDS):
+            base.append(line.strip())
+        elif line.strip():
+            other.append(line.rstrip())
+    base_text = "".join(x + "\n" for x in other + base)
+    if unsupported or (base and not health):
+        return base_text, None
+    return base_text, "".join(x + "\n" for x in other + health)

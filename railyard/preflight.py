@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from . import checks as C
 from .inventory import Host, Inventory
-from .facts import HEALTH_FIELDS, parse_gpu_health, parse_ibv_devinfo, parse_versions
+from .facts import GPU_AND_HEALTH_FIELDS, GPU_FIELDS, parse_gpu_health, parse_ibv_devinfo, parse_versions, \
+    split_gpu_query
 from .probe import MISSING_MARK, Output, Section, fan_out, joined_script, new_token, split_output
 from .runner import Runner
 from .transport import RemotePath, Session, Sh, cmd, q
@@ -53,11 +54,12 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
         time_section(),
         Section("df", f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -P -B1 \"$p\"", "df"),
         Section("du", f"if [ -d {model} ]; then du -sb --exclude=.cache {model}; fi", "du", 60),
-        gpus_section(),
+        Section("gpus", Sh(cmd("nvidia-smi", "--query-gpu=" + ",".join(GPU_AND_HEALTH_FIELDS),
+                                   "--format=csv,noheader,nounits") + " 2>&1 || "
+                           + cmd("nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits")),
+                "nvidia-smi"),  # one nvidia-smi call for the gpu and gpu_health checks (a second only on an old driver)
         Section("gpu_apps", cmd("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
                                 "--format=csv,noheader,nounits"), "nvidia-smi"),
-        Section("gpu_health", cmd("nvidia-smi", "--query-gpu=" + ",".join(HEALTH_FIELDS),
-                                  "--format=csv,noheader,nounits"), "nvidia-smi"),
         Section("dmesg", Sh("o=$(dmesg 2>&1); rc=$?; if [ $rc -ne 0 ]; then printf '%s\\n' \"$o\" | head -n 3; "
                             "exit $rc; fi; printf '%s\\n' \"$o\" | grep -F 'NVRM: Xid' | tail -n 50; exit 0"), "dmesg"),
         versions_section(rail.name),
@@ -203,8 +205,9 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
         r["gid"] = C.check_gid(h, o["gids"])
         r["ntp"] = C.check_ntp(h, o["time"])
         r["disk"] = C.check_disk(h, o["df"], o["du"])
-        r["gpu"] = C.check_gpu(h, o["gpus"], o["gpu_apps"])
-        r["gpu_health"] = C.check_gpu_health(h, o["gpu_health"], o.get("dmesg"))
+        gpus, health = _gpu_outputs(o["gpus"])
+        r["gpu"] = C.check_gpu(h, gpus, o["gpu_apps"])
+        r["gpu_health"] = C.check_gpu_health(h, health, o.get("dmesg"))
         r["gdr"] = C.check_gdr(h, o["gdr"], _versions(o).get("kernel"))
         if h.is_head:
             r["ssh_peer"] = C.check_ssh_peer(h, o.get("ssh_peer"), inv.workers) if inv.workers else \
@@ -227,6 +230,16 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
     return out
 
 
+def _gpu_outputs(out: Output) -> tuple[Output, Output]:
+    """The one nvidia-smi answer as the gpu check's and the gpu_health check's outputs."""
+    if out.rc is None or out.missing_tool:
+        return out, out
+    base, health = split_gpu_query(out.text)
+    if health is None:
+        return Output(out.rc, base), Output(0, C.HEALTH_UNSUPPORTED + "\n")
+    return Output(out.rc, base), Output(out.rc, health)
+
+
 def _versions(o: dict[str, Output]) -> dict[str, str | None]:
     v = parse_versions(o["versions"].text) if o.get("versions") and o["versions"].rc is not None else {}
     g = o.get("gdr")
@@ -236,7 +249,7 @@ def _versions(o: dict[str, Output]) -> dict[str, str | None]:
             v["hca_firmware"] = parse_ibv_devinfo(ibv).fw_ver
         except ValueError:
             pass
-    h = o.get("gpu_health")
+    h = _gpu_outputs(o["gpus"])[1] if o.get("gpus") is not None else None
     if h is not None and h.ok:
         try:
             drivers = sorted({g.driver for g in parse_gpu_health(h.text)})

@@ -193,3 +193,21 @@ def test_gdr_fails_on_moving_counters_and_acs_redirect():
     hidden = C.check_gdr(h, gdr_out(mods, "", IBV, "03:08.0 PCI bridge: PLX\n\tCapabilities: <access denied>\n"),
                          "6.8.0")
     assert hidden.status == "warn" and "ACS not read" in hidden.detail
+
+
+def test_one_nvidia_smi_call_answers_both_the_gpu_and_the_health_check():
+    both = (GH / "h200-nvidia-smi-query-gpus-and-health-csv-noheader-nounits.txt").read_text()
+    base, health = F.split_gpu_query(both)
+    (g,) = F.parse_gpus(base)
+    assert (g.name, g.memory_used_mib, g.memory_total_mib) == ("NVIDIA H200", 0, 143771)
+    (h,) = F.parse_gpu_health(health)
+    assert (h.uuid, h.bus_id, h.driver, h.remapped_rows_pending) == (g.uuid, "00000000:00:06.0", "580.159.04", False)
+    # a driver that lacks a field: nvidia-smi refuses the whole query (real wording, exit 2); the fallback's five
+    # fields still feed the gpu check, and gpu_health says it was not read instead of passing
+    bad = (GH / "h200-nvidia-smi-query-bad-field.txt").read_text()
+    assert 'is not a valid field to query' in bad and "rc=2" in bad
+    five = ", ".join(both.split(", ")[:5]) + "\n"
+    base2, health2 = F.split_gpu_query(bad.replace("rc=2\n", "") + five)
+    assert health2 is None and F.parse_gpus(base2) == [g]
+    w = C.check_gpu_health(host(), out(C.HEALTH_UNSUPPORTED + "\n"), out(""))
+    assert w.status == "warn" and "not read" in w.detail
