@@ -7,6 +7,7 @@ fail or skip. A fail always says what is wrong (detail), shows what the host pri
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -676,7 +677,6 @@ def _gdr_parts(text: str) -> dict[str, str]:
 
 
 def _kernel_at_least(release: str | None, major: int, minor: int) -> bool:
-    import re
     m = re.match(r"(\d+)\.(\d+)", release or "")
     return bool(m) and (int(m.group(1)), int(m.group(2))) >= (major, minor)
 
@@ -787,7 +787,7 @@ def check_parity(hosts: list[Host], seen: dict[str, dict[str, str | None]]) -> d
     if len(hosts) < 2:
         return {h.name: CheckResult(h.name, "parity", SKIP, "one host: nothing to compare") for h in hosts}
     res: dict[str, CheckResult] = {}
-    diffs: dict[str, list[str]] = {h.name: [] for h in hosts}
+    diffs: dict[str, list[tuple[str, str]]] = {h.name: [] for h in hosts}
     keys = [k for k in PARITY_WHAT if any(seen.get(h.name, {}).get(k) for h in hosts)]
     for k in keys:
         vals = {h.name: seen.get(h.name, {}).get(k) or "not found" for h in hosts}
