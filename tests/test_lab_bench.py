@@ -171,6 +171,8 @@ def test_ctrl_c_during_a_sweep_puts_the_original_configuration_back(served, tmp_
 
 
 def test_aiperf_on_the_head_reads_the_key_there_and_brings_its_exports_back(served, tmp_path):
+    from railyard.bench import aiperf
+    assert aiperf.ensure(log=lambda *_: None) == aiperf.SHARED   # as root: the venv the lab's hosts see too
     r = run("bench", "--where", "head", "--concurrency", "2", *SMALL, "--out", str(tmp_path), inv=served)
     assert r.returncode == 0, r.stdout + r.stderr
     s = _summary(tmp_path)

@@ -344,7 +344,8 @@ def _relaunch(inv: Inventory, timeout: float | None, console, what: str) -> None
 def bench(inv: Inventory, opts: Options, overrides=None, console=None, log=print) -> dict:
     """Run the benchmark, write bench/<deployment>/<stamp>/ (AIPerf's exports per c<C>, summary.json,
     the PNG plots) and return the summary."""
-    aiperf.ensure(log)
+    if (opts.where or inv.head.vars.get("bench_where") or "control") == "control":
+        aiperf.ensure(log)  # --where head uses the host's own venv
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     deployment = launching.build_plan(inv, None, strict=False).deployment  # no SSH: the name only
     root = opts.out / deployment / stamp
