@@ -680,7 +680,11 @@ def bench(inventory: str | None = None, concurrency: str | None = None, isl: int
     if swept:  # every value checked as `inv launch` would, before the first relaunch (exit 2, no host touched)
         from .serving import layouts
         for v in swept[1]:
-            layouts.validated(_inventory(inventory, list(overrides or []) + [f"{swept[0]}={v}"]))
+            try:
+                layouts.validated(_inventory(inventory, list(overrides or []) + [f"{swept[0]}={v}"]))
+            except InventoryError as e:
+                raise UsageError(f"--sweep {sweep}: {swept[0]}={v}: " + "; ".join(
+                    p.message for p in e.problems))
     opts = Options(concurrency=parse_concurrency(concurrency or "1,8,16,32"), load=load, slos=slos,
                    sweep=swept, compare=load_compare(compare) if compare else None,
                    out=Path(out or "bench"), tokenizer=tokenizer, start_timeout=timeout, where=where)

@@ -189,6 +189,7 @@ def test_concurrency_list():
     (["--slo", "ttft<=1"], "unknown metric 'ttft'"),
     (["--sweep", "max_num_bached_tokens=1,2"], "'max_num_bached_tokens' is no launch variable"),
     (["--sweep", "max_num_seqs"], "expected FLAG=V1,V2"),
+    (["--sweep", "max_num_seqs=8,lots"], "--sweep max_num_seqs=8,lots: vllm_max_num_seqs=lots: must be an integer"),
     (["--compare", "/nonexistent/run"], "--compare /nonexistent/run: no summary.json there"),
     (["--dataset", "/nonexistent.jsonl"], "--dataset /nonexistent.jsonl: no such file"),
     (["--osl", "0"], "--osl 0: must be at least 1"),
