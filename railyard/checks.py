@@ -742,7 +742,8 @@ def check_gdr(host: Host, out: Output, kernel: str | None) -> CheckResult:
                          "NIC to talk through the switch")
         elif denied and not acs:
             warns.append("PCI capabilities hidden (lspci not run as root): ACS not read")
-            hints.append("allow `sudo -n lspci` for the preflight user, or run preflight as root")
+            hints.append("run preflight as root (ansible_user: root) to read ACS, or check by hand: "
+                         "sudo lspci -vvv | grep -E 'Downstream Port|ACSCtl'")
         else:
             down = [a for a in acs if a.port == "Downstream Port"]
             ev.append(f"ACS off on {len(down)} switch downstream port(s)" if down else "no PCIe switch with ACS")
