@@ -208,7 +208,7 @@ def _wait_idle(root: Path, names: list[str], env: dict, timeout: float = 60.0) -
         r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, env=env, timeout=30)
         states = dict(line.split()[:2] for line in r.stdout.splitlines() if len(line.split()) >= 2)
         last = r.stdout.strip() or r.stderr.strip()
-        if all(states.get(n, "").rstrip("*") in ("idle", "allocated", "mixed") for n in names):
+        if all(states.get(n, "") in ("idle", "allocated", "mixed") for n in names):  # `idle*`: not registered yet
             return
         time.sleep(0.3)
     tails = []
