@@ -30,9 +30,10 @@ LWS_API = "leaderworkerset.x-k8s.io/v1"
 DS_API = "disaggregatedset.x-k8s.io/v1"
 SET_LABEL = "leaderworkerset.sigs.k8s.io/name"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
-NODE_ADDR_FILE = "/tmp/railyard-node-addr"
 
-_LWS_REFS = {"head_addr": "$(LWS_LEADER_ADDRESS)", "node_rank": "$(LWS_WORKER_INDEX)", "group_size": "$(LWS_GROUP_SIZE)"}
+_LWS_REFS = {"head_addr": "$(LWS_LEADER_ADDRESS)", "node_rank": "$(LWS_WORKER_INDEX)", "group_size": "$(LWS_GROUP_SIZE)",
+             "pod_ip": "$(POD_IP)", "pod_namespace": "$(POD_NAMESPACE)"}
+_DOWNWARD = {"pod_ip": ("POD_IP", "status.podIP"), "pod_namespace": ("POD_NAMESPACE", "metadata.namespace")}
 _SHELL_VARS = {"node_addr": "RAILYARD_NODE_ADDR", "gid_index": "RAILYARD_GID_INDEX"}
 
 # The pod's own facts, as `inv env` reads them over SSH: the rail's IPv4 (SIOCGIFADDR) and the index of
@@ -55,8 +56,7 @@ for p in sorted(glob.glob(d + "/gids/*"), key=lambda p: int(os.path.basename(p))
         pass
 print(ip, gid)"""
 
-PROBE_PY = ("import sys, urllib.request; h = sys.argv[1]; h = open(h[1:]).read().strip() if h.startswith('@') else h; "
-            "[urllib.request.urlopen('http://%s:%s%s' % (h, p, u), timeout=5).read() "
+PROBE_PY = ("import sys, urllib.request; [urllib.request.urlopen('http://%s:%s%s' % (sys.argv[1], p, u), timeout=5).read() "
             "for p, u in zip(sys.argv[2::2], sys.argv[3::2])]")
 
 
@@ -101,14 +101,16 @@ class _Pods:
         self.plan, self.model, self.rdma_resource = plan, model, rdma_resource
         self.config_maps: dict[str, dict[str, str]] = {}
 
-    def template(self, svc: Service, labels: dict[str, str], rewrite: dict[str, str] | None = None) -> dict:
-        """The pod template of one service. rewrite: words to replace in its program (the router's
-        backend URLs, which are Services here)."""
+    def template(self, svc: Service, labels: dict[str, str], argv_of=None) -> dict:
+        """The pod template of one service. argv_of: what the program's words are here (the router finds its
+        backends by their labels)."""
         spec = svc.spec
         resolved = walk.markers(svc)
         argv = [walk.own_address(w, svc) for w in walk.words(svc, resolved)]
-        if rewrite:  # a pool's instances are one Service here: each backend flag once
-            argv = _unique_pairs([rewrite.get(w, w) for w in argv], set(rewrite.values()))
+        if _node_bound(svc) and "--host" in argv:  # its API on the pod's address, where Services and probes reach it
+            argv[argv.index("--host") + 1] = walk.token("pod_ip")
+        if argv_of:
+            argv = argv_of(argv)
         env, exports = [], []
         for k, v in spec.env:
             text = walk.own_address(walk.value(v, resolved), svc)
@@ -118,7 +120,7 @@ class _Pods:
                 env.append({"name": k, "value": text})
         needed = walk.tokens_in(" ".join(argv + exports))
         before = []
-        if needed & {"ref_node_addr", "ref_gid_index", "gid_index"} or _node_bound(svc):
+        if needed & {"ref_node_addr", "ref_gid_index", "gid_index"}:
             before += self._node_facts(svc, needed)
         before += _limits(svc)
         script = walk.entry(spec, argv, lambda s: s.target, before=tuple(before + exports))
@@ -134,6 +136,8 @@ class _Pods:
                                  "program run without a shell")
             return walk.replace_tokens(text.replace("$", "$$"), by)
 
+        env = [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+               for tok, (var, path) in _DOWNWARD.items() if tok in needed] + env
         container: dict = {"name": k8s_name(svc.name), "image": spec.image}
         if script is None:
             container["command"] = [symbols(w, False) for w in argv]
@@ -149,7 +153,8 @@ class _Pods:
         if spec.rdma:
             limits[self.rdma_resource] = 1
         if env:
-            container["env"] = [{"name": e["name"], "value": symbols(e["value"], False)} for e in env]
+            container["env"] = [e if "valueFrom" in e else {"name": e["name"], "value": symbols(e["value"], False)}
+                                for e in env]
         if limits:
             container["resources"] = {"limits": limits, "requests": dict(limits)}
         if spec.rdma and spec.rdma.ipc_lock:
@@ -177,8 +182,7 @@ class _Pods:
             raise UsageError(f"--to lws: {svc.name} needs its rail's address but its environment names no "
                              "NCCL_SOCKET_IFNAME and NCCL_IB_HCA")
         lines = [f"f=\"$(python3 -c {q(NODE_FACTS_PY)} {q(iface)} {q(hca)})\" || exit 1",
-                 'RAILYARD_NODE_ADDR="${f% *}"; RAILYARD_GID_INDEX="${f#* }"',
-                 f'printf "%s\\n" "$RAILYARD_NODE_ADDR" > {NODE_ADDR_FILE}']
+                 'RAILYARD_NODE_ADDR="${f% *}"; RAILYARD_GID_INDEX="${f#* }"']
         if needed & {"ref_gid_index", "gid_index"}:
             lines.append(f'if [ "$RAILYARD_GID_INDEX" = - ]; then echo "railyard: no RoCE v2 GID for '
                          f'$RAILYARD_NODE_ADDR on {hca} (fix: RoCE v2 enabled, the address on {iface})" >&2; exit 1; fi')
@@ -215,32 +219,18 @@ class _Pods:
         return mounts, volumes
 
     def _probe(self, svc: Service) -> dict | None:
-        """The ready gates as a readiness probe that is a real request: GET each path (python3 in the image,
-        so a loopback or rail bind is probed where it listens, not on the pod IP)."""
+        """The ready gates as a readiness probe that is a real request: the kubelet's GET of the last gate's path
+        on the pod's address, or, for a loopback bind, python3 in the image GETting every path there."""
         gates = walk.http_gates(svc)
         if not gates:
             return None
-        host = "@" + NODE_ADDR_FILE if _node_bound(svc) else walk.local_address(svc.spec.bind)
-        argv = ["python3", "-c", PROBE_PY, host] + [x for p, path in gates for x in (str(p), path)]
-        return {"exec": {"command": argv}, "initialDelaySeconds": 30, "periodSeconds": 10, "timeoutSeconds": 10,
-                "failureThreshold": 3}
-
-
-def _unique_pairs(argv: list[str], values: set[str]) -> list[str]:
-    """Drop a `--flag VALUE` pair seen before, for VALUE in values."""
-    out, seen = [], set()
-    i = 0
-    while i < len(argv):
-        if i + 1 < len(argv) and argv[i + 1] in values:
-            pair = (argv[i], argv[i + 1])
-            if pair not in seen:
-                seen.add(pair)
-                out += list(pair)
-            i += 2
-            continue
-        out.append(argv[i])
-        i += 1
-    return out
+        timing = {"initialDelaySeconds": 30, "periodSeconds": 10, "timeoutSeconds": 10, "failureThreshold": 3}
+        if _node_bound(svc) or not is_loopback(svc.spec.bind or "0.0.0.0"):
+            port, path = gates[-1]
+            return {"httpGet": {"path": path, "port": port}, **timing}
+        argv = ["python3", "-c", PROBE_PY, walk.local_address(svc.spec.bind)] + [
+            x for p, path in gates for x in (str(p), path)]
+        return {"exec": {"command": argv}, **timing}
 
 
 def _node_bound(svc: Service) -> bool:
@@ -297,11 +287,7 @@ def render(plan: LaunchPlan, model: ModelVolume, rdma_resource: str = DEFAULT_RD
     for s in plan.services():
         if s.role in pools and (not s.group or s.rank in (None, 0)):
             pools[s.role].append(s)
-    rewrite = {}
-    for role, members in pools.items():
-        for s in members:
-            rewrite[f"http://{s.spec.bind}:{s.spec.ports[0]}"] = \
-                f"http://{k8s_name(plan.deployment, role)}:{members[0].spec.ports[0]}"
+    router = _discovery(plan, pools) if pools else None
     if pools:
         objects.append(_disaggregated(plan, pods, pools, selectors))
         done.update(s.name for s in plan.services() if s.role in pools)
@@ -326,15 +312,15 @@ def render(plan: LaunchPlan, model: ModelVolume, rdma_resource: str = DEFAULT_RD
         done.add(svc.name)
         name = k8s_name(plan.deployment, svc.name)
         labels = _labels(plan, svc.name)
-        template = pods.template(svc, labels, rewrite if svc.role == "proxy" else None)
+        template = pods.template(svc, labels, router if svc.role == "proxy" else None)
+        if svc.role == "proxy" and router:
+            template["spec"]["serviceAccountName"] = k8s_name(plan.deployment, "router")
+            objects += _router_rbac(plan)
         objects.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(plan, name), "spec": {
             "replicas": 1, "strategy": {"type": "Recreate"},  # GPUs and ports are never held twice
             "selector": {"matchLabels": labels}, "template": template}})
         selectors[svc.name] = labels
     _same_node(plan, objects)
-    for role, members in pools.items():
-        objects.append(_service(plan, k8s_name(plan.deployment, role), {"railyard.io/deployment": k8s_name(
-            plan.deployment), "railyard.io/pool": role}, members[0].spec.ports[0]))
     objects.append(_service(plan, k8s_name(plan.deployment, "api"), selectors[ep.service], ep.port))
     for name, data in pods.config_maps.items():
         objects.insert(0, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(plan, name), "data": data})
@@ -384,7 +370,7 @@ def _disaggregated(plan: LaunchPlan, pods: _Pods, pools: dict[str, list[Service]
     roles = []
     for role, members in pools.items():
         first = members[0]
-        labels = {"railyard.io/deployment": k8s_name(plan.deployment), "railyard.io/pool": role}
+        labels = _pool_labels(plan, role)
         group = plan.group(first.group) if first.group else [first]
         leader = pods.template(group[0], labels)
         lwt: dict = {"size": len(group), "restartPolicy": "RecreateGroupOnPodRestart", "leaderTemplate": leader,
@@ -396,6 +382,48 @@ def _disaggregated(plan: LaunchPlan, pods: _Pods, pools: dict[str, list[Service]
                 selectors[s.name] = labels
     return {"apiVersion": DS_API, "kind": "DisaggregatedSet", "metadata": _meta(plan, k8s_name(plan.deployment)),
             "spec": {"roles": roles}}
+
+
+def _pool_labels(plan: LaunchPlan, role: str) -> dict[str, str]:
+    return {"railyard.io/deployment": k8s_name(plan.deployment), "railyard.io/pool": role}
+
+
+def _discovery(plan: LaunchPlan, pools: dict[str, list[Service]]):
+    """vllm-router's backends as its Kubernetes service discovery: each pool's pods by their labels, in the
+    router's namespace, on the pools' port (one port: the pods of a pool share one template)."""
+    ports = {m[0].spec.ports[0] for m in pools.values()}
+    if len(ports) != 1:
+        raise UsageError(f"--to lws: the pools serve on ports {sorted(ports)}; vllm-router's service discovery takes "
+                         "one port (set vllm_port alike in both pools)")
+    port = next(iter(ports))
+
+    def argv_of(argv: list[str]) -> list[str]:
+        out, i = [], 0
+        while i < len(argv):
+            if argv[i] in ("--prefill", "--decode") and i + 1 < len(argv):
+                i += 2
+                continue
+            out.append(argv[i])
+            i += 1
+        out += ["--service-discovery", "--service-discovery-namespace", walk.token("pod_namespace"),
+                "--service-discovery-port", str(port)]
+        for role in pools:
+            out += [f"--{role}-selector"] + [f"{k}={v}" for k, v in _pool_labels(plan, role).items()]
+        return out
+    return argv_of
+
+
+def _router_rbac(plan: LaunchPlan) -> list[dict]:
+    """What the router's discovery needs: to get, list and watch the pods of its namespace."""
+    name = k8s_name(plan.deployment, "router")
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(plan, name)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(plan, name),
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(plan, name),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name}]},
+    ]
 
 
 def _service(plan: LaunchPlan, name: str, selector: dict[str, str], port: int) -> dict:
