@@ -21,7 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import LabError
+from . import LabError, _read_pid
+from . import _pid_alive as _alive
 
 CTLD_PORT = 16817
 SLURMD_PORT = 16818
@@ -50,28 +51,6 @@ def _need() -> None:
     if missing:
         raise LabError(f"lab --slurm: {', '.join(missing)} not installed (fix: apt-get install slurm-wlm munge, "
                        "or bin/setup)")
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _run(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
