@@ -26,6 +26,8 @@ import tarfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from invoke.exceptions import ThreadException
+
 from .. import launch as launching
 from ..errors import UsageError
 from ..inventory import Inventory, load_inventory
@@ -184,8 +186,17 @@ def reach(s: Session, ep: Endpoint):
         if conn is None:
             raise BenchError(f"{ep.host}: no SSH connection for the tunnel to {ep.local_address}:{ep.port}")
         port = _free_port()
-        with conn.forward_local(port, remote_port=ep.port, remote_host=ep.local_address, local_host="127.0.0.1"):
-            yield f"http://127.0.0.1:{port}"
+        try:
+            with conn.forward_local(port, remote_port=ep.port, remote_host=ep.local_address, local_host="127.0.0.1"):
+                yield f"http://127.0.0.1:{port}"
+        except ThreadException as e:
+            # a tunnel thread saw a client drop its socket (AIPerf closing its connections as it ends); the run's
+            # own records say how the requests went. Anything else is the tunnel failing.
+            gone = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+            other = [x.value for x in e.exceptions if not isinstance(x.value, gone)]
+            if other:
+                raise BenchError(f"{ep.host}: the SSH tunnel to {ep.local_address}:{ep.port} failed: "
+                                 f"{type(other[0]).__name__}: {other[0]}") from None
         return
     addr = s.host.address if ep.bind in ("0.0.0.0", "::", "") else ep.bind
     yield f"http://{addr}:{ep.port}"
