@@ -109,9 +109,11 @@ until_ok() {  # NAME WHAT CMD...: retry CMD until it passes, the container stops
         sleep 1
     done
 }
-started() {  # running, or not created yet (its step may still be starting it); an exited one fails
+started() {  # running, or not created or not started yet (its step may still be starting it); an exited one fails
     running "$1" && return 0
-    docker inspect "$1" >/dev/null 2>&1 && gave_up "$1" "exited before it started"
+    case "$(docker inspect -f '{{.State.Status}}' "$1" 2>/dev/null)" in
+        exited|dead) gave_up "$1" "exited before it started" ;;
+    esac
     [ "$SECONDS" -lt "$deadline" ] || die "$1 was not created in ${RAILYARD_START_TIMEOUT:-1800} s"
     return 1
 }
