@@ -264,7 +264,7 @@ class Pd:
                 hosts = self.pool(inv, pool)
                 group = hosts[hosts.index(h):hosts.index(h) + span]
                 taken.update(x.name for x in group)
-                ranks = [self._instance(inv, x, facts[x.name], pool, 0, numbers[pool], dep, node, span)
+                ranks = [self._instance(inv, x, facts[x.name], pool, 0, numbers[pool], dep, node, group[0])
                          for node, x in enumerate(group)]
                 instances.append(ranks[0])
                 headless += ranks[1:]
@@ -282,11 +282,12 @@ class Pd:
                           verifiers=("pd_path", "nixl"))
 
     def _instance(self, inv: Inventory, h: Host, f: HostFacts, pool: str, k: int, number: int, dep: str,
-                  node: int = 0, span: int = 1) -> Service:
-        """Instance `number` of the pool (its k-th on h), or node `node` of one that spans `span` hosts."""
+                  node: int = 0, head: Host | None = None) -> Service:
+        """Instance `number` of the pool (its k-th on h), or node `node` of one whose first host is `head`."""
         v = pool_vars(h).values
         cfg = VllmConfig.from_vars(v)
         rail = h.serve_rail
+        span = int(v["pd_hosts_per_instance"]) if head else 1
         per_host = cfg.world_size // span
         local = cfg.data_parallel_size // span
         mine = f.gpus[k * per_host:(k + 1) * per_host]
@@ -332,9 +333,8 @@ class Pd:
                     ("UCX_NET_DEVICES", devices), ("UCX_TLS", v["pd_ucx_tls"]))
         expect: tuple = (("kv_engines", str(local)),)
         if span > 1:
-            head_ip = self.pool(inv, pool)[self.pool(inv, pool).index(h) - node].serve_rail.ip
             env_file += (("NODE", node), ("DP_LOCAL", local), ("DP_START_RANK", node * local),
-                         ("DP_ADDRESS", f"{head_ip}:{v['pd_dp_rpc_port']}"))
+                         ("DP_ADDRESS", f"{head.serve_rail.ip}:{v['pd_dp_rpc_port']}"))
             expect += (("dp_start", str(node * local)),)
         return Service(name=name, role=pool, host=h.name, spec=spec, ready=tuple(ready),
                        env_file=tuple((a, str(b)) for a, b in env_file), env_path=service_env_path(cfg.env_file, name),
