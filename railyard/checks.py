@@ -88,33 +88,31 @@ def check_docker(host: Host, out: Output) -> CheckResult:
                        err, hint)
 
 
-def check_image(host: Host, pinned: Output, by_tag: Output, docker_ok: bool) -> CheckResult:
+def check_image(host: Host, out: Output, docker_ok: bool) -> CheckResult:
+    """One `docker image inspect IMAGE TAG` (the pinned reference and its tag): the pinned digest must be among
+    the images found; when it is not, the tag's image (if any) is named."""
     image = host.vars["vllm_image"]
     if not docker_ok:
         return CheckResult(host.name, "image", SKIP, "Docker daemon unreachable (see the docker check)")
-    bad = unusable(host, "image", pinned, "docker image inspect")
+    bad = unusable(host, "image", out, "docker image inspect")
     if bad:
         return bad
     want = image.split("@", 1)[1]
     try:
-        found = F.parse_image_inspect(pinned.text)
+        found = F.parse_image_inspect(out.text)
     except F.ParseError:
         found = []
-    if found and want in found[0].digests():
-        img = found[0]
+    img = next((i for i in found if want in i.digests()), None)
+    if img is not None:
         return CheckResult(host.name, "image", PASS, f"{_short(want)} present ({img.architecture}, id {_short(img.id)})",
                            f"RepoDigests {' '.join(img.repo_digests)}")
     tag = image.split("@", 1)[0]
     other = ""
-    try:
-        tagged = F.parse_image_inspect(by_tag.text) if by_tag and by_tag.text else []
-    except F.ParseError:
-        tagged = []
-    if tagged:
-        other = f"; {tag} here is {', '.join(_short(d) for d in sorted(tagged[0].digests())) or 'an unpinned build'}"
+    if found:  # the pinned one is missing, so what was found is the tag's image
+        other = f"; {tag} here is {', '.join(_short(d) for d in sorted(found[0].digests())) or 'an unpinned build'}"
+    errors = [line.strip() for line in out.text.splitlines() if "No such image" in line or "Error" in line]
     return CheckResult(host.name, "image", FAIL, f"pinned digest {_short(want)} not present{other}",
-                       _first_lines(pinned.text + "\n" + (by_tag.text if by_tag else ""), 2),
-                       f"docker pull {image}")
+                       " | ".join(errors[:2]) or _first_lines(out.text, 2), f"docker pull {image}")
 
 
 def _short(digest: str) -> str:
@@ -771,10 +769,15 @@ def check_gdr(host: Host, out: Output, kernel: str | None) -> CheckResult:
 
 # ---------------------------------------------------------------- parity across ranks
 
-PARITY_WHAT = {"driver": "NVIDIA driver", "kernel": "kernel", "nic_firmware": "rail NIC firmware",
-               "hca_firmware": "rail HCA firmware (ibv_devinfo)",
-               "nic_driver": "rail NIC driver", "ofed": "OFED/DOCA"}
+PARITY_WHAT = {"driver": "NVIDIA driver", "cuda": "driver CUDA version", "kernel": "kernel",
+               "nic_firmware": "rail NIC firmware", "hca_firmware": "rail HCA firmware (ibv_devinfo)",
+               "nic_driver": "rail NIC driver", "ofed": "OFED/DOCA", "nccl": "image NCCL_VERSION"}
 PARITY_FIX = {"driver": "install the same NVIDIA driver on every rank (a mismatch is a classic hang at NCCL init)",
+              "cuda": "install the same NVIDIA driver on every rank: the CUDA version nvidia-smi shows is the "
+                      "driver's (its libcuda), and a rank whose driver CUDA is older than the image's CUDA fails "
+                      "at init",
+              "nccl": "run one image on every rank: docker pull the pinned vllm_image everywhere (the image check "
+                      "names the odd one)",
               "kernel": "boot every rank into the same kernel (and its matching driver modules)",
               "nic_firmware": "flash the same ConnectX firmware on every rank (mlxfwmanager / mstflint)",
               "hca_firmware": "flash the same ConnectX firmware on every rank (mlxfwmanager / mstflint)",
@@ -783,8 +786,9 @@ PARITY_FIX = {"driver": "install the same NVIDIA driver on every rank (a mismatc
 
 
 def check_parity(hosts: list[Host], seen: dict[str, dict[str, str | None]]) -> dict[str, CheckResult]:
-    """Driver, kernel, rail NIC firmware/driver and OFED/DOCA versions compared across the ranks: every difference
-    named host by host. One host: skip. The image (and so its NCCL) is compared by the image check."""
+    """Driver and its CUDA version, kernel, rail NIC firmware/driver, OFED/DOCA and the image's NCCL_VERSION (where
+    the image sets it) compared across the ranks: every difference named host by host. One host: skip. The image
+    itself is compared by the image check."""
     if len(hosts) < 2:
         return {h.name: CheckResult(h.name, "parity", SKIP, "one host: nothing to compare") for h in hosts}
     res: dict[str, CheckResult] = {}

@@ -393,13 +393,18 @@ class DockerImage:
     repo_tags: list[str]
     architecture: str
     os: str
+    env: tuple[str, ...] = ()  # Config.Env, `KEY=value`
+
+    def env_value(self, key: str) -> str | None:
+        return next((e.split("=", 1)[1] for e in self.env if e.split("=", 1)[0] == key and "=" in e), None)
 
     def digests(self) -> set[str]:
         return {d.split("@", 1)[1] for d in self.repo_digests if "@" in d}
 
 
 def parse_image_inspect(text: str) -> list[DockerImage]:
-    """`docker image inspect REF`: a JSON array (`[]` when missing)."""
+    """`docker image inspect REF [REF...]`: one JSON array of the refs found, in order (`[]` when none; the
+    CLI prints `Error response from daemon: No such image: REF` on stderr for each one missing, exit 1)."""
     start = text.find("[")
     if start < 0:
         raise ParseError("no JSON array")
@@ -408,7 +413,8 @@ def parse_image_inspect(text: str) -> list[DockerImage]:
     except ValueError as e:
         raise ParseError(f"bad JSON: {e}") from None
     return [DockerImage(d.get("Id", ""), d.get("RepoDigests") or [], d.get("RepoTags") or [],
-                        d.get("Architecture", ""), d.get("Os", "")) for d in docs]
+                        d.get("Architecture", ""), d.get("Os", ""), tuple((d.get("Config") or {}).get("Env") or ()))
+            for d in docs]
 
 
 # ================================================================ topology: nvidia-smi topo -m, lscpu
@@ -578,6 +584,102 @@ def pci_matches(xid_pci: str, bus_id: str) -> bool:
         return norm(xid_pci) == norm(bus_id)
     except ValueError:
         return False
+
+
+# ---------------------------------------------------------------- nvidia-smi -q -d PIDS
+
+@dataclass(frozen=True)
+class SmiProcess:
+    gpu: int        # the GPU block's position: nvidia-smi's index order, as --query-gpu lists them
+    bus_id: str     # the block's `GPU 00000000:07:00.0`
+    pid: int
+    type: str       # C, G, C+G, M+C ...
+    name: str
+    used: str       # `8710 MiB`, or `Not available`
+
+
+@dataclass(frozen=True)
+class SmiPids:
+    driver: str | None
+    cuda: str | None            # the driver's CUDA version (`CUDA Version : 13.0`)
+    gpus: list[str]             # bus ids, in order
+    procs: list[SmiProcess]
+
+
+_SMI_KV = re.compile(r"^(\s*)([^:]+?)\s*:\s*(.*?)\s*$")
+
+
+def parse_cuda_version(text: str) -> str | None:
+    """The driver's CUDA version from nvidia-smi's table header (`CUDA Version: 12.8`), `-q` or `--version`
+    (`CUDA Version : 13.0`); newer drivers' `CUDA UMD Version` too. None when not printed (or `N/A`)."""
+    m = re.search(r"CUDA (?:UMD )?Version\s*:\s*([0-9][0-9.]*)", text)
+    return m.group(1) if m else None
+
+
+def parse_smi_pids(text: str) -> SmiPids:
+    """`nvidia-smi -q -d PIDS`: the header (Driver Version, CUDA Version), then per GPU `GPU <bus id>` and its
+    Processes (`: None` when idle; else per process `Process ID`, `Type`, `Name`, `Used GPU Memory`)."""
+    driver = None
+    gpus: list[str] = []
+    procs: list[SmiProcess] = []
+    cur: dict | None = None
+
+    def flush():
+        if cur and cur.get("pid", "").isdigit():
+            procs.append(SmiProcess(len(gpus) - 1, gpus[-1], int(cur["pid"]), cur.get("type", ""),
+                                    cur.get("name", ""), cur.get("used", "")))
+
+    for raw in text.splitlines():
+        m = re.match(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*$", raw)
+        if m:
+            flush()
+            cur = None
+            gpus.append(m.group(1))
+            continue
+        kv = _SMI_KV.match(raw)
+        if not kv:
+            continue
+        k, v = kv.group(2), kv.group(3)
+        if not gpus:
+            if k in ("Driver Version", "KMD Version"):
+                driver = v
+            continue
+        if k == "GPU instance ID":  # each process record starts with it
+            flush()
+            cur = {}
+        elif k == "Process ID":
+            if cur is None or "pid" in cur:
+                flush()
+                cur = {}
+            cur["pid"] = v
+        elif cur is not None and k in ("Type", "Name", "Used GPU Memory"):
+            cur[{"Type": "type", "Name": "name", "Used GPU Memory": "used"}[k]] = v
+    flush()
+    if driver is None and not gpus:
+        raise ParseError(f"not nvidia-smi -q output: {text.strip()[:120]!r}")
+    return SmiPids(driver, parse_cuda_version(text), gpus, procs)
+
+
+def compute_apps_csv(pids: SmiPids, gpus: list[Gpu], bus_of: dict[str, str] | None = None) -> str:
+    """The compute processes of `-q -d PIDS` as `--query-compute-apps=gpu_uuid,pid,process_name,used_memory
+    --format=csv,noheader,nounits` prints them (parse_compute_apps reads it): Type C or C+G only, each GPU named
+    by its UUID (by bus id where known, else by its position, which is nvidia-smi's index order)."""
+    by_bus = {_bus_key(b): u for u, b in (bus_of or {}).items()}
+    rows = []
+    for p in pids.procs:
+        if "C" not in p.type.split("+"):
+            continue
+        uuid = by_bus.get(_bus_key(p.bus_id)) or (gpus[p.gpu].uuid if p.gpu < len(gpus) else p.bus_id)
+        used = p.used.replace("MiB", "").strip()
+        rows.append(f"{uuid}, {p.pid}, {p.name}, {used if used.isdigit() else '[N/A]'}\n")
+    return "".join(rows)
+
+
+def _bus_key(bus: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x, 16) for x in re.split(r"[:.]", bus.strip()))
+    except ValueError:
+        return ()
 
 
 # ---------------------------------------------------------------- GPU health: nvidia-smi --query-gpu

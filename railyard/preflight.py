@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from . import checks as C
 from .inventory import Host, Inventory
-from .facts import GPU_AND_HEALTH_FIELDS, GPU_FIELDS, parse_gpu_health, parse_ibv_devinfo, parse_versions, \
-    split_gpu_query
+from .facts import GPU_AND_HEALTH_FIELDS, GPU_FIELDS, compute_apps_csv, parse_gpu_health, parse_gpus, \
+    parse_ibv_devinfo, parse_image_inspect, parse_smi_pids, parse_versions, split_gpu_query
 from .probe import MISSING_MARK, Output, Section, fan_out, joined_script, new_token, split_output
 from .runner import Runner
 from .transport import RemotePath, Session, Sh, cmd, q
@@ -43,9 +43,10 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
                      for p in peers])
     routes = cmd("printf", "route get %s\\n", *[p.serve_rail.ip for p in peers]) + " | ip -o -force -batch -"
     sections = [
+        # docker: `version` for the daemon, one `image inspect` for the pinned reference and its tag (a JSON array
+        # of those found, an error line for each one missing); two calls: no docker command answers both
         Section("docker_version", cmd("docker", "version"), "docker", DOCKER_TIMEOUT),
-        Section("image", cmd("docker", "image", "inspect", image), "docker", DOCKER_TIMEOUT),
-        Section("image_tag", cmd("docker", "image", "inspect", image.split("@", 1)[0]), "docker", DOCKER_TIMEOUT),
+        Section("image", cmd("docker", "image", "inspect", image, image.split("@", 1)[0]), "docker", DOCKER_TIMEOUT),
         Section("ibdev2netdev", cmd("ibdev2netdev"), "ibdev2netdev"),
         Section("ip_addr", cmd("ip", "-br", "addr", "show"), "ip"),
         Section("ip_link", cmd("ip", "-o", "link", "show"), "ip"),
@@ -58,8 +59,10 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
                                    "--format=csv,noheader,nounits") + " 2>&1 || "
                            + cmd("nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits")),
                 "nvidia-smi"),  # one nvidia-smi call for the gpu and gpu_health checks (a second only on an old driver)
-        Section("gpu_apps", cmd("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
-                                "--format=csv,noheader,nounits"), "nvidia-smi"),
+        # the compute processes and the driver's CUDA version (parity) from a second call: nvidia-smi answers
+        # one --query-* switch per call ("Only one --query-* switch can be used at a time.", exit 2: a real
+        # capture in tests/fixtures/real/nvidia-smi-one-call/), and -q -d PIDS has both in one
+        Section("gpu_pids", cmd("nvidia-smi", "-q", "-d", "PIDS"), "nvidia-smi"),
         Section("dmesg", Sh("o=$(dmesg 2>&1); rc=$?; if [ $rc -ne 0 ]; then printf '%s\\n' \"$o\" | head -n 3; "
                             "exit $rc; fi; printf '%s\\n' \"$o\" | grep -F 'NVRM: Xid' | tail -n 50; exit 0"), "dmesg"),
         versions_section(rail.name),
@@ -92,13 +95,32 @@ def versions_section(rail: str) -> Section:
 
 
 GDR_COUNTERS = "err|discard|link_down|fec_uncorrect|out_of_buffer"
+# the kernel's own counters, read where `ethtool -S` is missing or shows none of GDR_COUNTERS: the netdev's
+# (every driver has them) and the RDMA port's (an HCA's IB counters; absent on a host without one)
+SYSFS_NET_COUNTERS = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_crc_errors", "rx_frame_errors",
+                      "rx_fifo_errors", "rx_missed_errors", "rx_over_errors", "tx_carrier_errors", "tx_fifo_errors")
+SYSFS_IB_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
+                     "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
+                     "excessive_buffer_overrun_errors")
+
+
+def counters_script(rail: str, hca: str) -> str:
+    """One read of the rail's error counters: `ethtool -S` filtered to GDR_COUNTERS after `@@source ethtool`,
+    or, where that shows none, `@@source sysfs` and the kernel's counters as `grep -H` prints them (`name:value`)."""
+    net = f"/sys/class/net/{rail}/statistics"
+    ib = f"/sys/class/infiniband/{hca}/ports/1/counters"
+    return (f"o=$(ethtool -S {q(rail)} 2>/dev/null | grep -E {q(GDR_COUNTERS)}); "
+            "if [ -n \"$o\" ]; then echo '@@source ethtool'; printf '%s\\n' \"$o\"; "
+            f"else echo {q('@@source sysfs ' + net + ' ' + ib)}; "
+            f"(cd {q(net)} 2>/dev/null && grep -H . {' '.join(SYSFS_NET_COUNTERS)} 2>/dev/null); "
+            f"(cd {q(ib)} 2>/dev/null && grep -H . {' '.join(SYSFS_IB_COUNTERS)} 2>/dev/null); fi")
 
 
 def gdr_section(rail: str, hca: str) -> Section:
     """GPUDirect RDMA readiness in one shell: kernel modules, the NVIDIA driver flavour, the rail HCA's port,
     ACS on the PCIe bridges (lspci shows capabilities to root only; no sudo is tried: a read-only preflight leaves
-    no auth-log trail), and the rail's error counters read twice, half a second apart."""
-    stats = f"ethtool -S {q(rail)} 2>/dev/null | grep -E {q(GDR_COUNTERS)}"
+    no auth-log trail), and the rail's error counters read twice, half a second apart (ethtool -S, else sysfs)."""
+    stats = counters_script(rail, hca)
     pci = "lspci -vvv 2>/dev/null | grep -E '^[0-9a-f]|Express|ACSCtl|access denied'"
     return Section("gdr", Sh(
         "echo '@@gdr modules'; if command -v lsmod >/dev/null 2>&1; then lsmod; else cat /proc/modules; fi; "
@@ -191,10 +213,10 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
         peers = [p for p in inv.hosts if p.name != h.name]
         r = per[h.name]
         r["docker"] = C.check_docker(h, o["docker_version"])
-        r["image"] = C.check_image(h, o["image"], o["image_tag"], r["docker"].status == C.PASS)
+        r["image"] = C.check_image(h, o["image"], r["docker"].status == C.PASS)
         if r["image"].status == C.PASS:
-            from .facts import parse_image_inspect
-            image_ids[h.name] = parse_image_inspect(o["image"].text)[0].id
+            want = h.vars["vllm_image"].partition("@")[2]
+            image_ids[h.name] = next(i.id for i in parse_image_inspect(o["image"].text) if want in i.digests())
         r["rail_link"] = C.check_rail_link(h, o["ibdev2netdev"])
         r["rail_ip"] = C.check_rail_ip(h, o["ip_addr"])
         r["link_speed"] = C.check_link_speed(h, o["ethtool"])
@@ -206,7 +228,7 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
         r["ntp"] = C.check_ntp(h, o["time"])
         r["disk"] = C.check_disk(h, o["df"], o["du"])
         gpus, health = _gpu_outputs(o["gpus"])
-        r["gpu"] = C.check_gpu(h, gpus, o["gpu_apps"])
+        r["gpu"] = C.check_gpu(h, gpus, _apps_output(o["gpu_pids"], gpus, health))
         r["gpu_health"] = C.check_gpu_health(h, health, o.get("dmesg"))
         r["gdr"] = C.check_gdr(h, o["gdr"], _versions(o).get("kernel"))
         if h.is_head:
@@ -217,7 +239,8 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
         per[name]["image"] = res
     for name, res in C.check_mtu(reachable, {h.name: probes[h.name].outputs["ip_link"] for h in reachable}).items():
         per[name]["mtu"] = res
-    for name, res in C.check_parity(reachable, {h.name: _versions(probes[h.name].outputs) for h in reachable}).items():
+    seen = {h.name: _versions(probes[h.name].outputs, h.vars["vllm_image"].partition("@")[2]) for h in reachable}
+    for name, res in C.check_parity(reachable, seen).items():
         per[name]["parity"] = res
     C.one_cause(reachable, per, {h.name: probes[h.name].outputs.get("ping") for h in reachable})
     for name, res in C.check_clock_skew(reachable, {h.name: probes[h.name].clock for h in reachable}).items():
@@ -240,7 +263,28 @@ def _gpu_outputs(out: Output) -> tuple[Output, Output]:
     return Output(out.rc, base), Output(out.rc, health)
 
 
-def _versions(o: dict[str, Output]) -> dict[str, str | None]:
+def _apps_output(pids: Output, gpus: Output, health: Output) -> Output:
+    """`nvidia-smi -q -d PIDS` as the compute-apps listing the gpu check reads (each process's GPU by UUID)."""
+    if not pids.ok or pids.missing_tool:
+        return pids
+    try:
+        smi = parse_smi_pids(pids.text)
+    except ValueError:
+        return Output(1, pids.text)  # not what nvidia-smi -q prints: the processes were not listed
+    try:
+        rows = parse_gpus(gpus.text) if gpus.ok else []
+    except ValueError:
+        rows = []
+    try:
+        bus = {g.uuid: g.bus_id for g in parse_gpu_health(health.text)} if health.ok else {}
+    except ValueError:
+        bus = {}
+    return Output(0, compute_apps_csv(smi, rows, bus))
+
+
+def _versions(o: dict[str, Output], pinned: str | None = None) -> dict[str, str | None]:
+    """What parity compares, from the probe's outputs; the image's NCCL_VERSION from the image with the pinned
+    digest (`pinned`: sha256:...) only."""
     v = parse_versions(o["versions"].text) if o.get("versions") and o["versions"].rc is not None else {}
     g = o.get("gdr")
     if g is not None and g.rc is not None:
@@ -254,6 +298,20 @@ def _versions(o: dict[str, Output]) -> dict[str, str | None]:
         try:
             drivers = sorted({g.driver for g in parse_gpu_health(h.text)})
             v["driver"] = ",".join(drivers) or None
+        except ValueError:
+            pass
+    p = o.get("gpu_pids")
+    if p is not None and p.ok:
+        try:
+            v["cuda"] = parse_smi_pids(p.text).cuda
+        except ValueError:
+            pass
+    img = o.get("image")
+    if img is not None and img.rc is not None and img.text:
+        try:
+            mine = next((i for i in parse_image_inspect(img.text) if pinned and pinned in i.digests()), None)
+            if mine is not None:
+                v["nccl"] = mine.env_value("NCCL_VERSION")
         except ValueError:
             pass
     return v

@@ -252,6 +252,12 @@ def show_gids(args):
 # ---------------------------------------------------------------- nvidia-smi
 
 DRIVER = "580.105.08"
+CUDA = "13.0"  # the driver's CUDA version, as nvidia-smi prints it
+DRIVER_CUDA = {"535": "12.2", "550": "12.4", "570": "12.8", "575": "12.9"}  # older branches (driver-mismatch)
+
+
+def _cuda(driver):
+    return DRIVER_CUDA.get(driver.split(".", 1)[0], CUDA)
 
 
 def _gpus():
@@ -314,11 +320,17 @@ def nvidia_smi(args):
     driver = _driver()
     if "--version" in args:
         print(f"NVIDIA-SMI version  : {driver}\nNVML version        : {driver.rsplit('.', 1)[0]}\n"
-              f"DRIVER version      : {driver}\nCUDA Version        : 13.0")
+              f"DRIVER version      : {driver}\nCUDA Version        : {_cuda(driver)}")
         return 0
     if not gpus:
         print("No devices were found")
         return 6
+    queries = [a for a in args if a.startswith("--query-")]
+    if len(queries) > 1:
+        print("Only one --query-* switch can be used at a time.")  # real: tests/fixtures/real/nvidia-smi-one-call
+        return 2
+    if args[:1] in (["-q"], ["--query"]):
+        return _query_report(gpus, driver, args[1:])
     q = next((a for a in args if a.startswith("--query-gpu=") or a.startswith("--query-compute-apps=")), None)
     if q:
         kind, fields = q[2:].split("=", 1)
@@ -361,6 +373,31 @@ def nvidia_smi(args):
         _topo(gpus)
         return 0
     _table(gpus)
+    return 0
+
+
+def _query_report(gpus, driver, args):
+    """`nvidia-smi -q -d PIDS`, laid out as the real H200 capture (tests/fixtures/real/nvidia-smi-one-call/): the
+    header with the driver's CUDA version, then per GPU its processes (compute and graphics). Other -q forms are
+    not simulated."""
+    d = args[args.index("-d") + 1].upper().split(",") if "-d" in args and args.index("-d") + 1 < len(args) else []
+    if d != ["PIDS"]:
+        print("lab: only `nvidia-smi -q -d PIDS` is simulated", file=sys.stderr)
+        return 2
+    w = 55
+    print(f"\n==============NVSMI LOG==============\n\n{'Timestamp':<{w}}: {time.strftime('%a %b %e %H:%M:%S %Y')}")
+    print(f"{'Driver Version':<{w}}: {driver}\n{'CUDA Version':<{w}}: {_cuda(driver)}\n\n{'Attached GPUs':<{w}}: {len(gpus)}")
+    for g in gpus:
+        print(f"GPU {g['bus']}")
+        if not g["procs"]:
+            print(f"    {'Processes':<{w - 4}}: None")
+        else:
+            print("    Processes")
+        for pid, typ, name, mib in g["procs"]:
+            print(f"        {'GPU instance ID':<34}: N/A\n        {'Compute instance ID':<34}: N/A\n"
+                  f"        {'Process ID':<34}: {pid}\n            {'Type':<30}: {typ}\n"
+                  f"            {'Name':<30}: {name}\n            {'Used GPU Memory':<30}: {mib} MiB")
+        print()
     return 0
 
 
@@ -434,7 +471,7 @@ def _table(gpus):
     bar = "+-----------------------------------------+------------------------+----------------------+"
     print(time.strftime("%a %b %d %H:%M:%S %Y") + "       ")
     print("+-----------------------------------------------------------------------------------------+")
-    print(f"| NVIDIA-SMI {_driver()}             Driver Version: {_driver()}     CUDA Version: 13.0     |")
+    print(f"| NVIDIA-SMI {_driver()}             Driver Version: {_driver()}     CUDA Version: {_cuda(_driver())}     |")
     print(bar)
     print("| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |")
     print("| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |")
