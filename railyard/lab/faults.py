@@ -79,6 +79,23 @@ def _mtu_blackhole_heal(h, value):
     subprocess.run(["ip", "link", "set", h.veth(h.serve_rail), "mtu", "9000"], check=False)
 
 
+def _rail_loss(h, value):
+    """A marginal optic or cable on the serving rail: the host drops every Nth frame over 1500 bytes that arrives
+    on it (default 3), in the kernel (nftables), before ping or any program sees it. Large frames only, as bit errors
+    hit them first: small frames still pass, so preflight reports loss, not a dead path."""
+    n = value or "3"
+    if not n.isdigit() or int(n) < 2:
+        raise UsageError(f"lab.fault rail-loss: {n!r} is not N >= 2 (drop every Nth large frame)")
+    rules = (f"table inet railyard_lab_loss {{ chain input {{ type filter hook input priority 0; "
+             f"iifname {h.serve_rail} meta length > 1500 numgen inc mod {n} == 0 counter drop; }}; }}")
+    in_host(h, "nft", "-f", "-", input=rules)
+    return n
+
+
+def _rail_loss_heal(h, value):
+    in_host(h, "nft", "delete", "table", "inet", "railyard_lab_loss", check=False)
+
+
 def _link_down(h, value):
     in_host(h, "ip", "link", "set", h.serve_rail, "down")
     return "down"
@@ -343,6 +360,8 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "mtu": (_mtu, _mtu_heal, "set the serving rail's MTU (default 1500)"),
     "mtu-blackhole": (_mtu_blackhole, _mtu_blackhole_heal, "a switch port on the serving rail's path drops frames "
                       "above N bytes (default 1500); both ends keep MTU 9000"),
+    "rail-loss": (_rail_loss, _rail_loss_heal, "drop every Nth frame over 1500 bytes arriving on the serving rail "
+                  "(default 3; a marginal optic: small frames pass)"),
     "link-down": (_link_down, _link_heal, "take the serving rail's link down"),
     "mgmt-down": (_mgmt_down, _mgmt_heal, "take the management link down (SSH from the control machine stops answering)"),
     "no-ip": (_no_ip, _no_ip_heal, "remove the serving rail's IPv4 address"),
