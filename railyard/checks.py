@@ -679,11 +679,64 @@ def _kernel_at_least(release: str | None, major: int, minor: int) -> bool:
     return bool(m) and (int(m.group(1)), int(m.group(2))) >= (major, minor)
 
 
-def check_gdr(host: Host, out: Output, kernel: str | None) -> CheckResult:
+ACS_FIX = ("disable ACS redirect on {ports}: in the BIOS (PCIe ACS Control off) or at boot, as root, "
+           "`setpci -s BDF ECAP_ACS+0x6.w=0000` for each (lspci -vvv then shows ACSCtl: SrcValid- ... ReqRedir- "
+           "CmpltRedir-); GPUDirect RDMA needs the GPU and the NIC to talk through the switch, not the root complex")
+
+
+def _acs(host: Host, lspci: str, gpu_buses: list[str] | None, nic_bus: str | None
+         ) -> tuple[list[str], list[str], list[str], list[str]]:
+    """ACS on the PCIe switch downstream ports between each cluster GPU and the rail NIC: (fails, warns, hints,
+    evidence). The path is the bridges above the GPU and above the NIC below their common ancestor (lspci -PP);
+    redirect there fails, elsewhere it is a note. Without a path (an old lspci, the GPU or the NIC not found)
+    every switch downstream port is judged."""
+    rail = host.serve_rail
+    devs, denied, with_paths = F.parse_lspci_devices(lspci)
+    downs = [d for d in devs.values() if d.port == "Downstream Port"]
+    if denied and not any(d.acsctl is not None for d in devs.values()):
+        return [], ["PCI capabilities hidden (lspci not run as root): ACS not read"], [
+            "run preflight as root (ansible_user: root) to read ACS, or check by hand: "
+            "sudo lspci -vvv | grep -E 'Downstream Port|ACSCtl'"], []
+    try:
+        gpus = [devs.get(F.pci_bdf(b)) for b in gpu_buses or []]
+        nic = devs.get(F.pci_bdf(nic_bus)) if nic_bus else None
+    except ValueError:
+        gpus, nic = [], None
+    if with_paths and nic is not None and gpus and all(gpus):
+        on_path: set[str] = set()
+        for g in gpus:
+            on_path |= set(g.path[:-1]) ^ set(nic.path[:-1])
+        path_ports = [d for d in downs if d.bdf in on_path]
+        bad = [d for d in path_ports if d.redirects]
+        other = [d for d in downs if d.redirects and d.bdf not in on_path]
+        between = f"GPU(s) {', '.join(g.slot for g in gpus)} and the rail NIC {rail.name} ({nic.slot})"
+        note = (f" (ACS redirect on {len(other)} other port(s), on no GPU-NIC path: "
+                f"{', '.join(d.slot for d in other[:4])})" if other else "")
+        if bad:
+            ports = ", ".join(d.slot for d in bad[:6])
+            return ([f"ACS redirects peer-to-peer on PCIe switch port(s) {ports}, on the path between {between}"],
+                    [], [ACS_FIX.format(ports=ports)], [f"{d.slot} {d.line}" for d in bad[:2]] + ([note.strip(" ()")]
+                                                                                                 if note else []))
+        if path_ports:
+            return [], [], [], [f"ACS off on the {len(path_ports)} switch downstream port(s) between {between}{note}"]
+        return [], [], [], [f"no PCIe switch port between {between}{note}"]
+    redirect = [d for d in downs if d.redirects]
+    why = "lspci without -PP paths" if not with_paths else \
+        "the GPU or the NIC not in lspci" if (gpu_buses and nic_bus) else "the GPU or NIC address unknown"
+    if redirect:
+        ports = ", ".join(d.slot for d in redirect[:6])
+        return ([f"ACS redirects peer-to-peer on PCIe switch port(s) {ports}"], [], [ACS_FIX.format(ports=ports)],
+                [f"{d.slot} {d.line}" for d in redirect[:2]] + [f"every switch port judged ({why})"])
+    acs = [d for d in downs if d.acsctl is not None]
+    return [], [], [], [f"ACS off on {len(acs)} switch downstream port(s)" if acs else "no PCIe switch with ACS"]
+
+
+def check_gdr(host: Host, out: Output, kernel: str | None, gpu_buses: list[str] | None = None,
+              nic_bus: str | None = None) -> CheckResult:
     """Before the model loads: GPU peer memory for the NIC (nvidia_peermem, or DMA-BUF: the open kernel module on
-    Linux >= 5.12), the rail HCA's port PORT_ACTIVE with link layer Ethernet (RoCE), no ACS redirect on PCIe
-    switch downstream ports (it sends GPU<->NIC traffic up through the root complex), and the rail's error
-    counters steady across the probe."""
+    Linux >= 5.12), the rail HCA's port PORT_ACTIVE with link layer Ethernet (RoCE), no ACS redirect on the PCIe
+    switch downstream ports between each cluster GPU (gpu_buses) and the rail NIC (nic_bus) (it sends GPU<->NIC
+    traffic up through the root complex), and the rail's error counters steady across the probe."""
     bad = unusable(host, "gdr", out, "lsmod/ibv_devinfo/lspci")
     if bad:
         return bad
@@ -730,36 +783,29 @@ def check_gdr(host: Host, out: Output, kernel: str | None) -> CheckResult:
         warns.append("lspci not found: ACS on the GPU-NIC path was not read")
         hints.append("apt-get install pciutils")
     else:
-        acs, denied = F.parse_lspci_acs(lspci)
-        redirect = [a for a in acs if a.port == "Downstream Port" and (a.acsctl.get("ReqRedir") or a.acsctl.get("CmpltRedir"))]
-        if redirect:
-            fails.append("ACS redirects peer-to-peer on PCIe switch port(s) " + ", ".join(a.bdf for a in redirect[:6]))
-            ev.extend(f"{a.bdf} {a.line}" for a in redirect[:2])
-            hints.append("disable ACS on the PCIe switch ports (BIOS: ACS/PCIe ACS Control off, or at boot: "
-                         "setpci -s BDF ECAP_ACS+0x6.w=0000 for each listed port); GPUDirect RDMA needs the GPU and "
-                         "NIC to talk through the switch")
-        elif denied and not acs:
-            warns.append("PCI capabilities hidden (lspci not run as root): ACS not read")
-            hints.append("run preflight as root (ansible_user: root) to read ACS, or check by hand: "
-                         "sudo lspci -vvv | grep -E 'Downstream Port|ACSCtl'")
-        else:
-            down = [a for a in acs if a.port == "Downstream Port"]
-            ev.append(f"ACS off on {len(down)} switch downstream port(s)" if down else "no PCIe switch with ACS")
-    s1, s2 = F.parse_ethtool_stats(p.get("stats1", "")), F.parse_ethtool_stats(p.get("stats2", ""))
-    err1 = {k: v for k, v in s1.items() if F.RAIL_ERROR_COUNTERS.search(k)}
-    err2 = {k: v for k, v in s2.items() if F.RAIL_ERROR_COUNTERS.search(k)}
+        f, w, h, e = _acs(host, lspci, gpu_buses, nic_bus)
+        fails += f
+        warns += w
+        hints += h
+        ev += e
+    (src1, err1), (src, err2) = F.parse_rail_counters(p.get("stats1", "")), F.parse_rail_counters(p.get("stats2", ""))
+    if src1 != src:  # the two reads came from different sources: nothing to compare
+        err1 = err2
     moved = {k: err2[k] - err1.get(k, 0) for k in err2 if err2[k] > err1.get(k, 0)}
+    sysfs = src.startswith("sysfs")
     if moved:
         fails.append(f"{rail.name} error counters moving: " +
-                     ", ".join(f"{k} +{d}" for k, d in sorted(moved.items())[:5]))
+                     ", ".join(f"{k} +{d}" for k, d in sorted(moved.items())[:5]) + (" (sysfs)" if sysfs else ""))
         hints.append(f"a bad cable, transceiver or switch port on {rail.name}: `ethtool -S {rail.name}`, "
-                     f"`ethtool -m {rail.name}` (optics), reseat or replace; check the switch port's counters")
+                     f"`ethtool -m {rail.name}` (optics), reseat or replace; check the switch port's counters"
+                     + (f"; drops without errors: `ip -s link show {rail.name}` and a frame larger than a hop's MTU "
+                        "(jumbo_ping)" if sysfs and not any("error" in k for k in moved) else ""))
     nonzero = {k: v for k, v in err2.items() if v}
     if err2:
-        ev.append(f"{rail.name} counters: " + (", ".join(f"{k}={v}" for k, v in sorted(nonzero.items())[:4])
-                                               if nonzero else "all error counters 0"))
+        ev.append(f"{rail.name} counters ({src}): " + (", ".join(f"{k}={v}" for k, v in sorted(nonzero.items())[:4])
+                                                       if nonzero else "all error counters 0"))
     else:
-        ev.append(f"{rail.name}: no error counters exposed by its driver")
+        ev.append(f"{rail.name}: no error counters exposed by its driver (ethtool -S) nor in sysfs")
     if fails:
         return CheckResult(host.name, "gdr", FAIL, "; ".join(fails), " | ".join(ev), "; ".join(dict.fromkeys(hints)))
     if warns:

@@ -728,7 +728,8 @@ def parse_gpu_health(text: str) -> list[GpuHealth]:
 
 def parse_versions(text: str) -> dict[str, str | None]:
     """preflight's versions section: `@@kernel 6.8.0-60-generic`, `ethtool -i RAIL`'s driver/version/
-    firmware-version lines, `@@ofed MLNX_OFED_LINUX-24.10-...` (ofed_info -s). Empty values are None."""
+    firmware-version lines (and bus-info: the NIC's PCI address, `nic_bus`, for the gdr check's ACS path),
+    `@@ofed MLNX_OFED_LINUX-24.10-...` (ofed_info -s). Empty values are None."""
     out: dict[str, str | None] = {}
     for raw in text.splitlines():
         s = raw.strip()
@@ -740,6 +741,8 @@ def parse_versions(text: str) -> dict[str, str | None]:
             out["nic_driver"] = s[7:].strip() or None
         elif s.startswith("firmware-version:"):
             out["nic_firmware"] = s[17:].strip() or None
+        elif s.startswith("bus-info:"):
+            out["nic_bus"] = s[9:].strip() or None
         elif s.startswith("version:") and out.get("nic_driver"):
             out["nic_driver"] = f"{out['nic_driver']} {s[8:].strip()}".strip()
     return out
@@ -832,6 +835,75 @@ def parse_lspci_acs(text: str) -> tuple[list[PciAcs], bool]:
     return out, denied
 
 
+@dataclass(frozen=True)
+class PciDev:
+    bdf: str                 # normalised: dddd:bb:dd.f
+    path: tuple[str, ...]    # the bridges above it, root first, then itself (normalised); itself alone without -PP
+    name: str
+    port: str                # the Express capability's port type (Root Port, Downstream Port, Endpoint, ...)
+    acsctl: dict[str, bool] | None  # None: no ACSCtl line (no ACS capability, or capabilities hidden)
+    line: str                # the ACSCtl line as printed
+
+    @property
+    def slot(self) -> str:
+        """The address as lspci prints it: the domain only where it is not 0000."""
+        return self.bdf[5:] if self.bdf.startswith("0000:") else self.bdf
+
+    @property
+    def redirects(self) -> bool:
+        return bool(self.acsctl) and bool(self.acsctl.get("ReqRedir") or self.acsctl.get("CmpltRedir"))
+
+
+def pci_bdf(text: str, domain: str = "0000") -> str:
+    """`00000008:06:00.0` (nvidia-smi), `0008:06:00.0`, `06:00.0` (lspci; `domain` where it shows none) ->
+    `0008:06:00.0`. ValueError on anything else."""
+    m = re.fullmatch(r"(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})\.([0-7])", text.strip())
+    if not m:
+        raise ValueError(f"not a PCI address: {text!r}")
+    dom = int(m.group(1) or domain, 16)
+    return f"{dom:04x}:{int(m.group(2), 16):02x}:{int(m.group(3), 16):02x}.{m.group(4)}"
+
+
+PCI_PATHS_MARK = "@@pci-paths"
+
+
+def parse_lspci_devices(text: str) -> tuple[dict[str, PciDev], bool, bool]:
+    """`lspci -PP -vvv` (each device named by its path through the bridges above it:
+    `[dddd:]bb:dd.f/bb:dd.f/...`, pciutils >= 3.6; the domain printed once, where any device has one) or plain
+    `lspci -vvv`, filtered or whole: {bdf: PciDev}, whether capabilities were hidden (`<access denied>`: not
+    root), and whether the paths were printed (preflight's PCI_PATHS_MARK after a successful `lspci -PP`)."""
+    devs: dict[str, PciDev] = {}
+    cur: dict | None = None
+
+    def flush():
+        if cur:
+            devs[cur["bdf"]] = PciDev(cur["bdf"], cur["path"], cur["name"], cur["port"], cur["acs"], cur["line"])
+
+    for raw in text.splitlines():
+        if raw and not raw[0].isspace() and not raw.startswith("@@"):
+            slot, _, name = raw.partition(" ")
+            try:
+                parts = slot.split("/")
+                first = pci_bdf(parts[0])
+                path = (first,) + tuple(pci_bdf(x, first[:4]) for x in parts[1:])
+            except ValueError:
+                continue
+            flush()
+            cur = {"bdf": path[-1], "path": path, "name": name, "port": "", "acs": None, "line": ""}
+            continue
+        if cur is None:
+            continue
+        m = _EXPRESS.search(raw)
+        if m:
+            cur["port"] = m.group(1) or m.group(2)
+        st = raw.strip()
+        if st.startswith("ACSCtl:"):
+            cur["acs"] = {f[:-1]: f.endswith("+") for f in st[7:].split() if f[-1:] in "+-"}
+            cur["line"] = st
+    flush()
+    return devs, "<access denied>" in text, PCI_PATHS_MARK in text
+
+
 def parse_ethtool_stats(text: str) -> dict[str, int]:
     """`ethtool -S IFACE`: `     name: value` lines (the `NIC statistics:` header is skipped)."""
     out = {}
@@ -840,6 +912,23 @@ def parse_ethtool_stats(text: str) -> dict[str, int]:
         if sep and v.strip().lstrip("-").isdigit():
             out[k] = int(v)
     return out
+
+
+def parse_rail_counters(text: str) -> tuple[str, dict[str, int]]:
+    """One read of preflight's rail counters: after `@@source ethtool`, `ethtool -S` lines filtered to
+    RAIL_ERROR_COUNTERS; after `@@source sysfs NETDIR IBDIR`, the kernel's counters as `grep -H . NAME...` prints
+    them in those directories (`rx_errors:0`; tests/fixtures/real/sysfs-counters/), every one an error or drop
+    counter. Returns (where they were read, {name: value}); text without a source line is `ethtool -S`."""
+    lines = text.splitlines()
+    head = next((line.strip() for line in lines if line.startswith("@@source ")), "@@source ethtool")
+    if head.startswith("@@source sysfs"):
+        out = {}
+        for raw in lines:
+            k, sep, v = raw.strip().rpartition(":")
+            if sep and k and not k.startswith("@@") and v.strip().isdigit():
+                out[k.rsplit("/", 1)[-1]] = int(v)
+        return "sysfs " + ", ".join(head.split()[2:]), out
+    return "ethtool -S", {k: v for k, v in parse_ethtool_stats(text).items() if RAIL_ERROR_COUNTERS.search(k)}
 
 
 RAIL_ERROR_COUNTERS = re.compile(r"(symbol_err|crc_err|link_down_events|discards|_errors_phy|fec_uncorrect|"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from . import checks as C
 from .inventory import Host, Inventory
-from .facts import GPU_AND_HEALTH_FIELDS, GPU_FIELDS, compute_apps_csv, parse_gpu_health, parse_gpus, \
+from .facts import GPU_AND_HEALTH_FIELDS, GPU_FIELDS, PCI_PATHS_MARK, RAIL_ERROR_COUNTERS, compute_apps_csv, parse_gpu_health, parse_gpus, \
     parse_ibv_devinfo, parse_image_inspect, parse_smi_pids, parse_versions, split_gpu_query
 from .probe import MISSING_MARK, Output, Section, fan_out, joined_script, new_token, split_output
 from .runner import Runner
@@ -90,12 +90,11 @@ def versions_section(rail: str) -> Section:
     """The versions compared across ranks (parity): kernel, the rail NIC's driver and firmware, OFED/DOCA."""
     return Section("versions", Sh(
         "echo \"@@kernel $(uname -r)\"; "
-        f"ethtool -i {q(rail)} 2>/dev/null | grep -E '^(driver|version|firmware-version):'; "
+        f"ethtool -i {q(rail)} 2>/dev/null | grep -E '^(driver|version|firmware-version|bus-info):'; "
         "if command -v ofed_info >/dev/null 2>&1; then echo \"@@ofed $(ofed_info -s 2>/dev/null)\"; fi; exit 0"))
 
 
-GDR_COUNTERS = "err|discard|link_down|fec_uncorrect|out_of_buffer"
-# the kernel's own counters, read where `ethtool -S` is missing or shows none of GDR_COUNTERS: the netdev's
+# the kernel's own counters, read where `ethtool -S` is missing or shows none of RAIL_ERROR_COUNTERS: the netdev's
 # (every driver has them) and the RDMA port's (an HCA's IB counters; absent on a host without one)
 SYSFS_NET_COUNTERS = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_crc_errors", "rx_frame_errors",
                       "rx_fifo_errors", "rx_missed_errors", "rx_over_errors", "tx_carrier_errors", "tx_fifo_errors")
@@ -105,11 +104,11 @@ SYSFS_IB_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port
 
 
 def counters_script(rail: str, hca: str) -> str:
-    """One read of the rail's error counters: `ethtool -S` filtered to GDR_COUNTERS after `@@source ethtool`,
+    """One read of the rail's error counters: `ethtool -S` filtered to RAIL_ERROR_COUNTERS after `@@source ethtool`,
     or, where that shows none, `@@source sysfs` and the kernel's counters as `grep -H` prints them (`name:value`)."""
     net = f"/sys/class/net/{rail}/statistics"
     ib = f"/sys/class/infiniband/{hca}/ports/1/counters"
-    return (f"o=$(ethtool -S {q(rail)} 2>/dev/null | grep -E {q(GDR_COUNTERS)}); "
+    return (f"o=$(ethtool -S {q(rail)} 2>/dev/null | grep -E {q(RAIL_ERROR_COUNTERS.pattern)}); "
             "if [ -n \"$o\" ]; then echo '@@source ethtool'; printf '%s\\n' \"$o\"; "
             f"else echo {q('@@source sysfs ' + net + ' ' + ib)}; "
             f"(cd {q(net)} 2>/dev/null && grep -H . {' '.join(SYSFS_NET_COUNTERS)} 2>/dev/null); "
@@ -121,7 +120,10 @@ def gdr_section(rail: str, hca: str) -> Section:
     ACS on the PCIe bridges (lspci shows capabilities to root only; no sudo is tried: a read-only preflight leaves
     no auth-log trail), and the rail's error counters read twice, half a second apart (ethtool -S, else sysfs)."""
     stats = counters_script(rail, hca)
-    pci = "lspci -vvv 2>/dev/null | grep -E '^[0-9a-f]|Express|ACSCtl|access denied'"
+    # -PP names each device by its path through the bridges above it (pciutils >= 3.6), so the gdr check judges
+    # the ports between each GPU and the rail NIC; an older lspci: the plain listing, every switch port judged
+    pci = (f"{{ lspci -PP -vvv 2>/dev/null && echo {q(PCI_PATHS_MARK)} || lspci -vvv 2>/dev/null; }} "
+           f"| grep -E '^[0-9a-f]|Express|ACSCtl|access denied|{PCI_PATHS_MARK}'")
     return Section("gdr", Sh(
         "echo '@@gdr modules'; if command -v lsmod >/dev/null 2>&1; then lsmod; else cat /proc/modules; fi; "
         "echo '@@gdr nvidia'; cat /proc/driver/nvidia/version 2>/dev/null; "
@@ -169,29 +171,36 @@ def probe_host(session: Session, inv: Inventory) -> HostProbe:
         return HostProbe(h, None, None, C.CheckResult(h.name, "ssh", C.FAIL, f"{err.kind}: {err.message}",
                                                       err.fingerprint, err.hint))
     connect_s = time.monotonic() - started
-    t0 = time.time()
-    r = session.run("date +%s.%N; hostname")
-    t1 = time.time()
-    if r.error:
-        return HostProbe(h, None, None, C.CheckResult(h.name, "ssh", C.FAIL, f"{r.error.kind}: {r.error.message}",
-                                                      "", r.error.hint))
-    clock = None
-    lines = r.stdout.split()
-    try:
-        clock = C.ClockSample(float(lines[0]) - (t0 + t1) / 2, (t1 - t0) / 2)
-    except (ValueError, IndexError):
-        pass
-    remote_name = lines[1] if len(lines) > 1 else "?"
-    how = "local" if h.is_local else f"{h.user + '@' if h.user else ''}{h.address}:{h.port}"
-    ssh = C.CheckResult(h.name, "ssh", C.PASS, f"{how} (hostname {remote_name})",
-                        f"connected in {connect_s * 1000:.0f} ms" if not h.is_local else "connection: local")
     sections = sections_for(h, inv)
     token = new_token()
     timeout = max(s.timeout for s in sections) + 10
-    res = session.run(joined_script(sections, token), timeout=timeout)
+    # one round trip: the clock sample and the host's name lead the probe's output; the sample is taken when
+    # their first line arrives, not when the whole probe ends
+    first: list[str] = []
+    arrived: list[float] = []
+
+    def seen(chunk: str) -> None:
+        if not arrived:
+            first.append(chunk)
+            if "\n" in "".join(first):
+                arrived.append(time.time())
+
+    t0 = time.time()
+    res = session.run("date +%s.%N; hostname\n" + joined_script(sections, token), timeout=timeout, on_output=seen)
     if res.error:
-        ssh = C.CheckResult(h.name, "ssh", C.FAIL, f"{res.error.kind}: {res.error.message}", "", res.error.hint)
-        return HostProbe(h, None, clock, ssh)
+        return HostProbe(h, None, None, C.CheckResult(h.name, "ssh", C.FAIL, f"{res.error.kind}: {res.error.message}",
+                                                      "", res.error.hint))
+    lines = res.stdout.split("\n", 2)
+    clock = None
+    try:
+        t1 = arrived[0]
+        clock = C.ClockSample(float(lines[0]) - (t0 + t1) / 2, (t1 - t0) / 2)
+    except (ValueError, IndexError):
+        pass
+    remote_name = lines[1].strip() if len(lines) > 1 and lines[1].strip() else "?"
+    how = "local" if h.is_local else f"{h.user + '@' if h.user else ''}{h.address}:{h.port}"
+    ssh = C.CheckResult(h.name, "ssh", C.PASS, f"{how} (hostname {remote_name})",
+                        f"connected in {connect_s * 1000:.0f} ms" if not h.is_local else "connection: local")
     return HostProbe(h, split_output(res.stdout, sections, token), clock, ssh)
 
 
@@ -230,7 +239,8 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
         gpus, health = _gpu_outputs(o["gpus"])
         r["gpu"] = C.check_gpu(h, gpus, _apps_output(o["gpu_pids"], gpus, health))
         r["gpu_health"] = C.check_gpu_health(h, health, o.get("dmesg"))
-        r["gdr"] = C.check_gdr(h, o["gdr"], _versions(o).get("kernel"))
+        v = _versions(o)
+        r["gdr"] = C.check_gdr(h, o["gdr"], v.get("kernel"), _cluster_gpu_buses(h, gpus, health), v.get("nic_bus"))
         if h.is_head:
             r["ssh_peer"] = C.check_ssh_peer(h, o.get("ssh_peer"), inv.workers) if inv.workers else \
                 C.CheckResult(h.name, "ssh_peer", C.SKIP, "no workers")
@@ -261,6 +271,18 @@ def _gpu_outputs(out: Output) -> tuple[Output, Output]:
     if health is None:
         return Output(out.rc, base), Output(0, C.HEALTH_UNSUPPORTED + "\n")
     return Output(out.rc, base), Output(out.rc, health)
+
+
+def _cluster_gpu_buses(h: Host, gpus: Output, health: Output) -> list[str]:
+    """The PCI addresses of the GPUs the cluster serves on (cluster_gpu_name): names from the gpu rows, addresses
+    from the health rows (pci.bus_id); [] where either is missing."""
+    try:
+        names = {g.uuid: g.name for g in parse_gpus(gpus.text)} if gpus.ok else {}
+        rows = parse_gpu_health(health.text) if health.ok else []
+    except ValueError:
+        return []
+    want = h.vars["cluster_gpu_name"].lower()
+    return [g.bus_id for g in rows if want in names.get(g.uuid, "").lower()]
 
 
 def _apps_output(pids: Output, gpus: Output, health: Output) -> Output:

@@ -123,12 +123,35 @@ def test_gpudirect_rdma_readiness_faults_fail_gdr_with_the_fix(healthy_lab):
     a, b = res[("A", "gdr")], res[("B", "gdr")]
     assert a.status == "fail" and "nvidia_peermem not loaded" in a.detail and "modprobe nvidia_peermem" in a.hint
     assert "mlx5_1 port 1 PORT_ACTIVE, link_layer Ethernet" in a.evidence
-    assert b.status == "fail" and "ACS redirects peer-to-peer on PCIe switch port(s) 09:00.0, 09:01.0" in b.detail
-    assert "rx_symbol_err_phy +" in b.detail and "setpci" in b.hint and "ethtool -m cx8r1" in b.hint
+    # the station's ConnectX-8 sits on switch port 03:00.0, the GB300 on a root port of its own (lspci -PP)
+    assert b.status == "fail" and ("ACS redirects peer-to-peer on PCIe switch port(s) 03:00.0, on the path between "
+                                   "GPU(s) 0008:06:00.0 and the rail NIC cx8r1 (04:00.1)") in b.detail
+    assert "rx_symbol_err_phy +" in b.detail and "setpci -s BDF ECAP_ACS+0x6.w=0000" in b.hint
+    assert "ethtool -m cx8r1" in b.hint
     faults.heal()
     res = by(preflight(healthy_lab))
     assert res[("A", "gdr")].status == "pass" and "nvidia_peermem loaded" in res[("A", "gdr")].detail
-    assert "ACS off on 2 switch downstream port(s)" in res[("B", "gdr")].evidence
+    assert "ACS off on the 1 switch downstream port(s) between GPU(s) 0008:06:00.0 and the rail NIC cx8r1" \
+        in res[("B", "gdr")].evidence
+    assert "cx8r1 counters (ethtool -S): all error counters 0" in res[("B", "gdr")].evidence
+
+
+def test_acs_redirect_off_the_gpu_nic_path_is_a_note_and_sysfs_counters_move_for_real(healthy_lab):
+    """ACS redirect on a switch port with only an NVMe drive behind it is no failure, only a note; where
+    `ethtool -S` shows no rail error counters, the kernel's (sysfs, real on the lab's veth rails) are read twice,
+    and B's jumbo pings dropped by a bridge port below its MTU move its tx_dropped between the reads."""
+    faults.fault("B", "acs-redirect", "off-path")
+    faults.fault("A", "no-ethtool-stats")
+    faults.fault("B", "no-ethtool-stats")
+    faults.fault("B", "mtu-blackhole", "1500")
+    res = by(preflight(healthy_lab, "preflight_ping_count=10"))  # 2 s of pings around the two reads
+    a, b = res[("A", "gdr")], res[("B", "gdr")]
+    assert "ACS redirect on 1 other port(s), on no GPU-NIC path: 03:01.0" in b.evidence
+    assert "ACS redirects" not in b.detail
+    assert a.status == "pass" and "cx8r1 counters (sysfs /sys/class/net/cx8r1/statistics" in a.evidence, a
+    assert b.status == "fail" and re.search(r"cx8r1 error counters moving: tx_dropped \+\d+ \(sysfs\)", b.detail), b
+    assert "ip -s link show cx8r1" in b.hint
+    faults.heal()
 
 
 def test_mtu_fault_also_breaks_the_jumbo_ping_both_ways(healthy_lab):

@@ -383,8 +383,12 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "xid": (_number("xid", "79"), _state_heal("xid"), "an NVRM Xid N (default 79) for the compute GPU in the "
             "kernel log (dmesg)"),
     "no-peermem": (_flag("no-peermem"), _state_heal("no-peermem"), "nvidia_peermem is not loaded (lsmod)"),
-    "acs-redirect": (_flag("acs-redirect"), _state_heal("acs-redirect"), "ACS ReqRedir/CmpltRedir on the PCIe "
-                     "switch ports above the GPU and the NIC (lspci -vvv)"),
+    "acs-redirect": (_state_choice("acs-redirect", ("path", "off-path"), "path (the switch ports between the GPU "
+                     "and the serving rail's NIC) or off-path (an NVMe drive's port on that switch)"),
+                     _state_heal("acs-redirect"), "ACS ReqRedir/CmpltRedir on the PCIe switch ports between a GPU "
+                     "and the serving rail's NIC (path, default) or on an unrelated port (off-path) (lspci -vvv)"),
+    "no-ethtool-stats": (_flag("no-ethtool-stats"), _state_heal("no-ethtool-stats"), "`ethtool -S` on the serving "
+                         "rail shows no error counters (the veth's own statistics): preflight reads sysfs"),
     "rail-errors": (_since("rail-errors"), _state_heal("rail-errors"), "the rail's symbol and CRC error counters "
                     "climb (ethtool -S), as with a bad optic"),
     "driver-mismatch": (_version("driver-mismatch", "570.195.03"), _state_heal("driver-mismatch"),

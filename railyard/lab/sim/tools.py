@@ -628,30 +628,137 @@ def ibv_devinfo(args):
     return 0
 
 
-def _pci_bridge(bdf, secondary, redirect):
-    acs = "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-" if redirect else \
-        "SrcValid- TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-"
-    return (f"{bdf} PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0) (prog-if 00 [Normal decode])\n"
-            "\tControl: I/O+ Mem+ BusMaster+ SpecCycle- MemWINV- VGASnoop- ParErr- Stepping- SERR+ FastB2B- DisINTx+\n"
-            f"\tBus: primary={bdf[:2]}, secondary={secondary}, subordinate={secondary}, sec-latency=0\n"
-            "\tCapabilities: [68] Express (v2) Downstream Port (Slot+), MSI 00\n"
-            "\tCapabilities: [f24 v1] Access Control Services\n"
-            "\t\tACSCap:\tSrcValid+ TransBlk+ ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl+ DirectTrans+\n"
-            f"\t\tACSCtl:\t{acs}\n\tKernel driver in use: pcieport\n")
+PEX = "Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)"
+ACS_OFF = "SrcValid- TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-"
+ACS_ON = "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-"
+
+
+def _bdf(dom, bus, dev=0, fn=0):
+    return f"{dom:04x}:{bus:02x}:{dev:02x}.{fn}"
+
+
+def _pci_topology():
+    """The host's PCIe tree, consistent with nvidia-smi's bus ids, the rails' `ethtool -i` bus-info and
+    `nvidia-smi topo -m`: [{bdf, parent, kind, name, secondary}], kind root/up/down/gpu/nic/nvme. A station: the
+    display GPU on a root port of domain 0000, the ConnectX-8 (one function per rail) and an NVMe drive on two
+    downstream ports of a switch under another, the GB300 on a root port of domain 0008 (topo: NODE). An hgx8:
+    per GPU k a switch under a root port of its socket, its downstream ports to the NIC one bus below the GPU
+    (rail k; topo: PIX), the GPU, and an NVMe drive."""
+    sh_ = shape()
+    out = []
+
+    def add(bdf, parent, kind, name, secondary=None):
+        out.append({"bdf": bdf, "parent": parent, "kind": kind, "name": name, "secondary": secondary})
+        return bdf
+
+    gpus = sh_["gpus"]
+    nics = sh_["nics"]
+    nvme = "Non-Volatile memory controller: Samsung Electronics Co Ltd NVMe SSD Controller PM174X"
+    cx8 = "Ethernet controller: Mellanox Technologies MT43244 ConnectX-8 family"
+    if sh_["shape"] == "station":
+        disp = next(g for g in gpus if g["display"])
+        gpu = next(g for g in gpus if not g["display"])
+        rp0 = add(_bdf(0, 0, 1), None, "root", "PCI bridge: NVIDIA Corporation Device 22b2", 1)
+        add(disp["bus"][4:].lower(), rp0, "gpu", f"VGA compatible controller: NVIDIA Corporation {disp['name']}")
+        rp1 = add(_bdf(0, 0, 2), None, "root", "PCI bridge: NVIDIA Corporation Device 22b2", 2)
+        up = add(_bdf(0, 2), rp1, "up", f"PCI bridge: {PEX}", 3)
+        dn = add(_bdf(0, 3, 0), up, "down", f"PCI bridge: {PEX}", 4)
+        dv = add(_bdf(0, 3, 1), up, "down", f"PCI bridge: {PEX}", 5)
+        for j in range(len(nics)):
+            add(_bdf(0, 4, 0, j), dn, "nic", cx8)
+        add(_bdf(0, 5), dv, "nvme", nvme)
+        rp8 = add(_bdf(8, 0), None, "root", "PCI bridge: NVIDIA Corporation Device 22b2",
+                  int(gpu["bus"].split(":")[1], 16))
+        add(gpu["bus"][4:].lower(), rp8, "gpu", f"3D controller: NVIDIA Corporation {gpu['name']}")
+    else:
+        for k, g in enumerate(gpus):
+            b = int(g["bus"].split(":")[1], 16)
+            root = 0x00 if g["numa"] == 0 else 0x80
+            rp = add(_bdf(0, root, k % 4 + 1), None, "root", "PCI bridge: Intel Corporation Device 352a (rev 04)", b - 3)
+            up = add(_bdf(0, b - 3), rp, "up", f"PCI bridge: {PEX}", b - 2)
+            dn = add(_bdf(0, b - 2, 0), up, "down", f"PCI bridge: {PEX}", b - 1)
+            dg = add(_bdf(0, b - 2, 1), up, "down", f"PCI bridge: {PEX}", b)
+            dv = add(_bdf(0, b - 2, 2), up, "down", f"PCI bridge: {PEX}", b + 1)
+            if k < len(nics):
+                add(_bdf(0, b - 1), dn, "nic", cx8)
+            add(g["bus"][4:].lower(), dg, "gpu", f"3D controller: NVIDIA Corporation {g['name']}")
+            add(_bdf(0, b + 1), dv, "nvme", nvme)
+    return sorted(out, key=lambda d: d["bdf"])
+
+
+def nic_bus(netdev):
+    """The PCI address of a rail's NIC function (its `ethtool -i` bus-info), from the topology."""
+    nics = [d["bdf"] for d in _pci_topology() if d["kind"] == "nic"]
+    rails = [n for _, n in sorted(_hcas().items())]  # mlx5_0, mlx5_1, ...: the NICs in bus order
+    return nics[rails.index(netdev)] if netdev in rails and rails.index(netdev) < len(nics) else ""
+
+
+def _acs_redirected():
+    """The downstream ports the acs-redirect fault turns ReqRedir/CmpltRedir on: `path` (default) those of the
+    serving rail NIC's switch above the NIC and a GPU (an hgx8's; a station's GB300 is on a root port of its own);
+    `off-path` the NVMe drive's port on that switch."""
+    which = _state("acs-redirect")
+    if which is None:
+        return set()
+    topo = _pci_topology()
+    by = {d["bdf"]: d for d in topo}
+    nic = by.get(nic_bus(shape()["serve_rail"]))
+    if nic is None:
+        return set()
+    switch = by[nic["parent"]]["parent"]
+    ports = [d for d in topo if d["kind"] == "down" and d["parent"] == switch]
+    below = {d["parent"]: d["kind"] for d in topo if d["kind"] in ("gpu", "nic", "nvme")}
+    want = ("nvme",) if which == "off-path" else ("gpu", "nic")
+    return {p["bdf"] for p in ports if below.get(p["bdf"]) in want}
+
+
+def _slot(d, by, paths, domains):
+    if not paths:
+        return d["bdf"] if domains else d["bdf"][5:]
+    chain = []
+    cur = d
+    while cur is not None:
+        chain.append(cur["bdf"])
+        cur = by.get(cur["parent"])
+    chain.reverse()
+    head = chain[0] if domains else chain[0][5:]
+    return "/".join([head] + [c[5:] for c in chain[1:]])
+
+
+def _pci_block(d, slot, redirected):
+    kind = d["kind"]
+    lines = [f"{slot} {d['name']}" + (" (prog-if 00 [Normal decode])" if kind in ("root", "up", "down") else "")]
+    lines.append("\tControl: I/O+ Mem+ BusMaster+ SpecCycle- MemWINV- VGASnoop- ParErr- Stepping- SERR+ FastB2B- "
+                 "DisINTx+")
+    if d["secondary"] is not None:
+        sec = d["secondary"]
+        lines.append(f"\tBus: primary={d['bdf'][5:7]}, secondary={sec:02x}, subordinate={sec:02x}, sec-latency=0")
+    port = {"root": "Root Port (Slot+)", "up": "Upstream Port", "down": "Downstream Port (Slot+)"}.get(kind, "Endpoint")
+    lines.append(f"\tCapabilities: [68] Express (v2) {port}, MSI 00")
+    if kind in ("root", "down"):
+        lines += ["\tCapabilities: [f24 v1] Access Control Services",
+                  "\t\tACSCap:\tSrcValid+ TransBlk+ ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl+ DirectTrans+",
+                  f"\t\tACSCtl:\t{ACS_ON if d['bdf'] in redirected else ACS_OFF}"]
+    driver = {"root": "pcieport", "up": "pcieport", "down": "pcieport", "gpu": "nvidia", "nic": "mlx5_core",
+              "nvme": "nvme"}[kind]
+    lines.append(f"\tKernel driver in use: {driver}")
+    return "\n".join(lines) + "\n"
 
 
 def lspci(args):
-    """`lspci -vvv`: the PCIe switch downstream ports above the compute GPU and the rail NIC (ACS off, as on a
-    DGX); the acs-redirect fault turns ReqRedir/CmpltRedir on, as a BIOS default can. Other forms: the list."""
-    redirect = _state("acs-redirect") is not None
-    gpu = next((g for g in _gpus() if not g["display"]), None)
-    gbus = (gpu["bus"].split(":")[1].lower() if gpu else "0a")
-    blocks = [_pci_bridge("09:00.0", gbus, redirect), _pci_bridge("09:01.0", "0b", redirect)]
-    if not any(a.startswith("-v") for a in args):
-        print(f"09:00.0 PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)\n"
-              f"09:01.0 PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)")
-        return 0
-    print("\n".join(blocks))
+    """`lspci [-PP] [-vvv]` over the host's PCIe tree (_pci_topology), in bus order, the domain shown as lspci does
+    (only where a device has one other than 0000), `-P`/`-PP` naming each device by its path through the bridges
+    (pciutils' show_slot_path). Switch downstream and root ports have ACS off, as on a DGX; the acs-redirect fault
+    turns ReqRedir/CmpltRedir on, on the GPU-NIC path or on an unrelated port (a BIOS default can)."""
+    topo = _pci_topology()
+    by = {d["bdf"]: d for d in topo}
+    paths = any(a in ("-P", "-PP") for a in args)
+    domains = "-D" in args or any(not d["bdf"].startswith("0000:") for d in topo)
+    redirected = _acs_redirected()
+    verbose = any(a.startswith("-v") for a in args)
+    for d in topo:
+        slot = _slot(d, by, paths, domains)
+        print(_pci_block(d, slot, redirected) if verbose else f"{slot} {d['name']}")
     return 0
 
 
@@ -664,9 +771,10 @@ def _real_ethtool():
 
 def ethtool(args):
     """The real ethtool, except `ethtool -S RAIL`: a ConnectX port's `_phy` counters (names and layout of mlx5's
-    `ethtool -S`); the rail-errors fault makes symbol and CRC errors climb, as a bad optic does."""
+    `ethtool -S`); the rail-errors fault makes symbol and CRC errors climb, as a bad optic does. Under the
+    no-ethtool-stats fault `-S` is the real one too: a veth's statistics, none of them a rail error counter."""
     rails = set(_hcas().values())
-    if len(args) == 2 and args[0] in ("-S", "--statistics") and args[1] in rails:
+    if len(args) == 2 and args[0] in ("-S", "--statistics") and args[1] in rails and not _state("no-ethtool-stats"):
         since = _state("rail-errors")
         bad = int((time.time() - float(since)) * 20000) + 1000 if since else 0
         rx = int(_sys(args[1], "statistics/rx_packets") or 0)
@@ -683,6 +791,14 @@ def ethtool(args):
     if real is None:
         print("ethtool: not installed on the lab machine", file=sys.stderr)
         return 127
+    if len(args) == 2 and args[0] in ("-i", "--driver") and args[1] in rails:
+        # a veth has no bus: the rail's bus-info is its NIC function's address in the lab's PCIe tree (lspci)
+        r = subprocess.run([real] + args, capture_output=True, text=True)
+        sys.stderr.write(r.stderr)
+        bus = nic_bus(args[1])
+        sys.stdout.write("".join(f"bus-info: {bus}\n" if line.startswith("bus-info:") else line + "\n"
+                                 for line in r.stdout.splitlines()))
+        return r.returncode
     os.execv(real, [real] + args)
 
 
