@@ -81,10 +81,22 @@ def _inventory(path: str | None, overrides) -> Inventory:
 def preflight(inventory: str | None = None, json_out: bool = False, overrides=None) -> int:
     from .preflight import run_preflight
     inv = _inventory(inventory, overrides)
-    if not json_out:
-        console(stderr=True).print(f"preflight: {len(inv.hosts)} host(s) from {inv.path}", style="dim")
-    results = run_preflight(inv)
-    return print_checks(results, json_out, f"railyard preflight — {inv.path.name}")
+    if json_out:
+        return print_checks(run_preflight(inv), True, "")
+    err = console(stderr=True)
+    err.print(f"preflight: {len(inv.hosts)} host(s) from {inv.path}", style="dim")
+    waiting = [h.name for h in inv.hosts]
+    with err.status(f"probing {len(waiting)} host(s)") as status:
+        def landed(name: str, probe) -> None:
+            waiting.remove(name)
+            ssh = getattr(probe, "ssh", None)
+            if ssh is not None and ssh.status != "pass":  # say it now; the other hosts' probes go on
+                err.print(f"preflight: {name}: {ssh.detail}", style="red", markup=False)
+            status.update(f"probed {len(inv.hosts) - len(waiting)} of {len(inv.hosts)} host(s); "
+                          + ("waiting for " + ", ".join(waiting[:8]) + (" ..." if len(waiting) > 8 else "")
+                             if waiting else "judging"))
+        results = run_preflight(inv, landed)
+    return print_checks(results, False, f"railyard preflight — {inv.path.name}")
 
 
 @entry

@@ -339,9 +339,10 @@ def _versions(o: dict[str, Output], pinned: str | None = None) -> dict[str, str 
     return v
 
 
-def run_preflight(inv: Inventory) -> list[C.CheckResult]:
+def run_preflight(inv: Inventory, on_host=None) -> list[C.CheckResult]:
+    """on_host(name, HostProbe or Result), if given, hears of each host as its probe lands (a progress display)."""
     with Runner(inv.hosts) as runner:
-        probes = runner.each(lambda s: probe_host(s, inv))
+        probes = runner.each(lambda s: probe_host(s, inv), on_done=on_host)
     for name, p in list(probes.items()):
         if not isinstance(p, HostProbe):  # a bug inside one host's probe: report it, keep the rest
             h = inv.host(name)

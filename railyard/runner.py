@@ -10,7 +10,7 @@ exception inside one host's work becomes that host's `ssh_error`, never a traceb
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Iterable, TypeVar
 
 from .inventory import Host
@@ -36,8 +36,10 @@ class Runner:
     def session(self, host: Host | str) -> Session:
         return self._sessions[host if isinstance(host, str) else host.name]
 
-    def each(self, fn: Callable[[Session], T], hosts: Iterable[Host] | None = None) -> dict[str, T | Result]:
-        """Call fn(session) for every host, at most `parallel` at once, results keyed by host name."""
+    def each(self, fn: Callable[[Session], T], hosts: Iterable[Host] | None = None,
+             on_done: Callable[[str, T | Result], None] | None = None) -> dict[str, T | Result]:
+        """Call fn(session) for every host, at most `parallel` at once, results keyed by host name (in the
+        hosts' order). on_done(name, result), if given, is called as each host finishes, in finishing order."""
         chosen = list(hosts) if hosts is not None else self.hosts
 
         def guarded(h: Host):
@@ -49,10 +51,18 @@ class Runner:
                               HostError("ssh_error", f"{type(e).__name__}: {e}", "this is a railyard bug: please report it"))
 
         if len(chosen) <= 1:
-            return {h.name: guarded(h) for h in chosen}
+            got = {h.name: guarded(h) for h in chosen}
+            for name, r in got.items():
+                if on_done:
+                    on_done(name, r)
+            return got
         with ThreadPoolExecutor(max_workers=min(self.parallel, len(chosen))) as pool:
-            futures = {h.name: pool.submit(guarded, h) for h in chosen}
-            return {name: f.result() for name, f in futures.items()}
+            futures = {pool.submit(guarded, h): h.name for h in chosen}
+            if on_done:
+                for f in as_completed(futures):
+                    on_done(futures[f], f.result())
+            got = {name: f.result() for f, name in futures.items()}
+            return {h.name: got[h.name] for h in chosen}
 
     def run(self, command: str | Callable[[Host], str], timeout: float | None = None,
             hosts: Iterable[Host] | None = None) -> dict[str, Result]:

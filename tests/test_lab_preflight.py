@@ -52,6 +52,18 @@ def test_table_output_and_exit_code(healthy_lab):
     assert "jumbo_ping" in r.stdout and "PASS" in r.stdout and "OK: 35 pass across 2 host(s)" in r.stdout
 
 
+def test_an_unreachable_host_is_said_at_once_and_the_rest_is_probed(healthy_lab):
+    """The table comes when every host is judged; a host SSH cannot reach is said on stderr as soon as it is known,
+    before the table, while the other hosts' probes go on."""
+    faults.fault("B", "sshd-down")
+    r = inv_cmd("preflight", "-i", str(healthy_lab))
+    faults.heal()
+    assert r.returncode == 1
+    early = [line for line in r.stderr.splitlines() if line.startswith("preflight: B: ")]
+    assert early and "connection refused" in early[0], r.stderr
+    assert "OK" not in r.stdout and "jumbo_ping" in r.stdout and "A " in r.stdout
+
+
 # (fault, value, host, check, words in detail or evidence)
 FAULTS = [
     ("mtu", "1500", "B", "mtu", "mtu 1500, expected 9000"),

@@ -83,6 +83,15 @@ def test_runner_fans_out_and_contains_a_crash():
         assert out["L1"] == "fine" and out["L2"].error.kind == "ssh_error"
 
 
+def test_runner_reports_each_host_as_it_finishes_and_keeps_the_hosts_order():
+    hosts = [local_host("slow"), local_host("fast"), local_host("mid")]
+    heard = []
+    with Runner(hosts) as r:
+        out = r.each(lambda s: s.run({"slow": "sleep 0.6", "fast": "true", "mid": "sleep 0.3"}[s.host.name]).rc,
+                     on_done=lambda name, rc: heard.append((name, rc)))
+    assert heard == [("fast", 0), ("mid", 0), ("slow", 0)] and list(out) == ["slow", "fast", "mid"]
+
+
 def test_a_host_that_drops_the_handshake_is_one_classified_line_no_traceback(tmp_path):
     """paramiko logs a dropped banner with a traceback from its own thread; the user sees railyard's line."""
     import copy
