@@ -818,6 +818,7 @@ def check_gdr(host: Host, out: Output, kernel: str | None, gpu_buses: list[str] 
 PARITY_WHAT = {"driver": "NVIDIA driver", "cuda": "driver CUDA version", "kernel": "kernel",
                "nic_firmware": "rail NIC firmware", "hca_firmware": "rail HCA firmware (ibv_devinfo)",
                "nic_driver": "rail NIC driver", "ofed": "OFED/DOCA", "nccl": "image NCCL_VERSION"}
+UNSEEN_IS_ANOTHER_CHECKS = {"nccl"}  # read from the pinned image, which the image check requires on every host
 PARITY_FIX = {"driver": "install the same NVIDIA driver on every rank (a mismatch is a classic hang at NCCL init)",
               "cuda": "install the same NVIDIA driver on every rank: the CUDA version nvidia-smi shows is the "
                       "driver's (its libcuda), and a rank whose driver CUDA is older than the image's CUDA fails "
@@ -842,6 +843,8 @@ def check_parity(hosts: list[Host], seen: dict[str, dict[str, str | None]]) -> d
     keys = [k for k in PARITY_WHAT if any(seen.get(h.name, {}).get(k) for h in hosts)]
     for k in keys:
         vals = {h.name: seen.get(h.name, {}).get(k) or "not found" for h in hosts}
+        if k in UNSEEN_IS_ANOTHER_CHECKS:  # e.g. no pinned image on a host: the image check says so, once
+            vals = {n: v for n, v in vals.items() if v != "not found"}
         if len(set(vals.values())) < 2:
             continue
         counts: dict[str, int] = {}
@@ -850,7 +853,7 @@ def check_parity(hosts: list[Host], seen: dict[str, dict[str, str | None]]) -> d
         common = max(counts, key=lambda v: (counts[v], v != "not found"))
         listing = ", ".join(f"{n} {v}" for n, v in vals.items())
         for n, v in vals.items():
-            if v != common or counts[v] == len(hosts) - counts[v]:  # a 1:1 split: both sides are named
+            if v != common or counts[v] == len(vals) - counts[v]:  # a 1:1 split: both sides are named
                 diffs[n].append((k, f"{PARITY_WHAT[k]} {v} (others: {listing})"))
     for h in hosts:
         mine = seen.get(h.name, {})

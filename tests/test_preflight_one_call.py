@@ -70,6 +70,19 @@ def test_parity_names_a_rank_with_another_driver_cuda_version():
     assert "the CUDA version nvidia-smi shows is the driver's" in c.hint
 
 
+def test_parity_leaves_a_host_without_the_image_to_the_image_check():
+    """The image's NCCL_VERSION is read from the pinned image: a host that lacks it fails the image check, and
+    parity does not name that host a second time; two images with two NCCLs are still a difference."""
+    hosts = [host(n) for n in "ABC"]
+    seen = {n: {"driver": "580.105.08", "nccl": "2.27.7"} for n in "AB"} | {"C": {"driver": "580.105.08"}}
+    res = C.check_parity(hosts, seen)
+    assert all(r.status == "pass" for r in res.values()), res
+    seen["B"]["nccl"] = "2.26.2"
+    res = C.check_parity(hosts, seen)
+    assert res["A"].status == res["B"].status == "fail" and res["C"].status == "pass"
+    assert "image NCCL_VERSION 2.26.2 (others: A 2.27.7, B 2.26.2)" in res["B"].detail
+
+
 DIGEST = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32
 IMAGE = f"vllm/vllm-openai:v0.11.0@{DIGEST}"
