@@ -44,13 +44,15 @@ def trust_hosts(c, inventory=None, hosts=None, accept=False, replace=False, set_
             "dry-run": "show the plan and the exact commands; change nothing",
             "repair": "re-send only the files that differ (and remove extra ones), then verify again",
             "json": JSON, "rehash": "ignore the hosts' digest caches and hash every file again",
-            "bwlimit": "limit each rsync stream to this many MB/s", "set": SET},
+            "bwlimit": "limit each rsync stream to this many MB/s", "set": SET,
+            "transport": "ssh (rsync over SSH, the default: sync_transport) or rsyncd (a one-time rsync daemon "
+                         "on each target's rail address, unencrypted: for public weights on direct links)"},
       iterable=["set_"])
 def sync_model(c, inventory=None, source=None, to=None, verify=None, streams=None, dry_run=False, repair=False,
-               json=False, rehash=False, bwlimit=None, set_=None):
+               json=False, rehash=False, bwlimit=None, set_=None, transport=None):
     """Copy the checkpoint from the head to every other rank with rsync and prove the copies equal."""
     cli.sync_model(inventory, source, to, verify, _int(streams, "--streams"), dry_run, repair, json, rehash,
-                   _num(bwlimit, "--bwlimit"), set_)
+                   _num(bwlimit, "--bwlimit"), set_, transport)
 
 
 @task(help={"inventory": INVENTORY, "check": "show the diff against the hosts and change nothing (exit 1 if any differ)",

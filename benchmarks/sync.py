@@ -5,8 +5,9 @@
 
 Copy, A -> B over the lab's rail (sender and receiver share this machine's cores):
   - one plain `rsync -aH` over SSH (OpenSSH defaults), run on A, as the reference does it;
-  - `inv sync-model --verify size` (its copy phase and its whole run);
-  - a local `cp -r` of the tree on A's filesystem: the ceiling;
+  - `inv sync-model --verify size` (its copy phase and its whole run), over SSH (the default) and over
+    the opt-in rsyncd transport (a one-time rsync daemon on B's rail address, no cipher);
+  - a local `cp -r` of the tree on A's filesystem: the ceiling, and each transport's fraction of it;
   - a no-op re-sync of identical trees.
 Verification of B's tree:
   - one `sha256sum` process over every file, cold (caches dropped) and warm;
@@ -56,7 +57,7 @@ def inv(*args: str) -> tuple[float, dict]:
     doc = json.loads(p.stdout)
     if not doc["ok"]:
         raise SystemExit(f"sync-model failed: {p.stdout[-2000:]}")
-    return wall, doc
+    return wall, doc.get("data", doc)
 
 
 def main() -> int:
@@ -88,16 +89,23 @@ def main() -> int:
     plain = t
     shutil.rmtree(dst)
 
-    drop_caches()
-    wall, doc = inv("sync-model", "-i", inv_path, "--verify", "size", "--streams", str(a.streams))
-    copy = next(h for h in doc["hosts"] if h["host"] == "B")["copy"]
-    row(f"sync-model copy phase ({a.streams} streams)", copy["seconds"],
-        f"x{plain / copy['seconds']:.2f} vs plain rsync; whole run {wall:.2f} s")
+    copies = {}
+    for transport in ("ssh", "rsyncd"):
+        shutil.rmtree(dst, ignore_errors=True)
+        drop_caches()
+        wall, doc = inv("sync-model", "-i", inv_path, "--verify", "size", "--streams", str(a.streams),
+                        "--transport", transport)
+        copy = next(h for h in doc["hosts"] if h["host"] == "B")["copy"]
+        copies[transport] = copy["seconds"]
+        row(f"sync-model copy phase, {transport} ({a.streams} streams)", copy["seconds"],
+            f"x{plain / copy['seconds']:.2f} vs plain rsync; whole run {wall:.2f} s")
 
     drop_caches()
     t, _ = on("A", f"cp -r ~/{REL} ~/models/cp-copy")
     row("local cp -r on A (ceiling)", t)
     shutil.rmtree(homes / "A" / "home" / "models" / "cp-copy")
+    for transport, seconds in copies.items():
+        print(f"  {transport}: {t / seconds:.2f} of the local-copy ceiling", flush=True)
 
     wall, doc = inv("sync-model", "-i", inv_path, "--verify", "size")
     b = next(h for h in doc["hosts"] if h["host"] == "B")

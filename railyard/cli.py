@@ -136,12 +136,13 @@ def trust_hosts(inventory: str | None = None, hosts: str | None = None, accept: 
 @entry
 def sync_model(inventory: str | None = None, source: str | None = None, to: str | None = None,
                verify: str | None = None, streams: int | None = None, dry_run: bool = False, repair: bool = False,
-               json_out: bool = False, rehash: bool = False, bwlimit: float | None = None, overrides=None) -> int:
+               json_out: bool = False, rehash: bool = False, bwlimit: float | None = None, overrides=None,
+               transport: str | None = None) -> int:
     from .sync import SyncOptions, print_report
     from .sync import sync_model as run
     inv = _inventory(inventory, overrides)
     con = console(stderr=json_out)
-    opts = SyncOptions(source, to, verify, streams, dry_run, repair, rehash, bwlimit)
+    opts = SyncOptions(source, to, verify, streams, dry_run, repair, rehash, bwlimit, transport)
     rep = run(inv, opts, con)
     report = sync_report(rep)
     if json_out:

@@ -595,6 +595,8 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         bad("vllm_cpuset", 'must be "auto", "" or a CPU list like 0-55,112-167')
     if values["sync_verify"] not in ("size", "content"):
         bad("sync_verify", "must be size or content")
+    if values["sync_transport"] not in ("ssh", "rsyncd"):
+        bad("sync_transport", "must be ssh or rsyncd")
     if not all(isinstance(a, str) for a in values["model_architectures"]):
         bad("model_architectures", "must be a list of strings")
     if not re.match(r"^[A-Za-z0-9@._-]+$", values["sync_ssh_cipher"]):
@@ -613,7 +615,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         "vllm_api_server_count": (0, 1024), "cluster_gpus_per_host": (1, 64),
         "nccl_check_timeout_s": (10, 86_400), "nccl_check_min_link_fraction": (0.0, 1.0),
         "sync_streams": (1, 64), "sync_bwlimit_mbps": (0, 1_000_000), "sync_timeout_s": (1, 604_800),
-        "sync_io_timeout_s": (5, 86_400),
+        "sync_io_timeout_s": (5, 86_400), "sync_rsyncd_port": (0, 65535),
     }
     for k, (lo, hi) in ranges.items():
         if not lo <= values[k] <= hi:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import checks as C
+from . import rsyncd
 from .errors import UsageError
 from .inventory import Host, Inventory
 from .ops.lock import HeadLock, lock_host
@@ -32,6 +33,7 @@ from .transport import RemotePath, Session, Sh, cmd, q, quote_text
 
 MANIFEST_SCRIPT = Path(__file__).resolve().parent / "scripts" / "manifest.py"
 EXCLUDE = ".cache/"
+TRANSPORTS = ("ssh", "rsyncd")
 
 
 # ---------------------------------------------------------------- manifests
@@ -215,6 +217,18 @@ def remote_dest(path: str) -> str:
     return path[2:] if path.startswith("~/") else path
 
 
+def rsync_args(mode: str, bwlimit_mbps: float, io_timeout_s: int = 0) -> list[str]:
+    """The rsync options of one stream, whatever carries it (SSH, or the rsyncd transport)."""
+    argv = ["rsync", "-aH", "--copy-links", "--no-compress", "--inplace", "--partial", "--protect-args", "--from0", "--files-from=-",
+            "--exclude", EXCLUDE, "--stats", "--info=progress2", "--no-human-readable"]
+    argv += {"whole": ["--whole-file"], "append": ["--append-verify"], "repair": ["--whole-file", "--ignore-times"]}[mode]
+    if bwlimit_mbps:
+        argv.append(f"--bwlimit={int(bwlimit_mbps * 1000)}")
+    if io_timeout_s:
+        argv.append(f"--timeout={int(io_timeout_s)}")
+    return argv
+
+
 def rsync_command(src_path: str, target: Host, dest_path: str, mode: str, cipher: str, bwlimit_mbps: int,
                   io_timeout_s: int = 0) -> Sh:
     """One rsync stream, run on the source; the file list arrives on stdin (NUL-separated). With
@@ -223,13 +237,7 @@ def rsync_command(src_path: str, target: Host, dest_path: str, mode: str, cipher
     ssh = cmd("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "Compression=no", "-c", cipher,
               *(("-o", f"ServerAliveInterval={max(1, io_timeout_s // 4)}", "-o", "ServerAliveCountMax=4",
                  "-o", f"ConnectTimeout={io_timeout_s}") if io_timeout_s else ()))
-    argv = ["rsync", "-aH", "--copy-links", "--no-compress", "--inplace", "--partial", "--protect-args", "--from0", "--files-from=-",
-            "--exclude", EXCLUDE, "--stats", "--info=progress2", "--no-human-readable"]
-    argv += {"whole": ["--whole-file"], "append": ["--append-verify"], "repair": ["--whole-file", "--ignore-times"]}[mode]
-    if bwlimit_mbps:
-        argv.append(f"--bwlimit={int(bwlimit_mbps * 1000)}")
-    if io_timeout_s:
-        argv.append(f"--timeout={int(io_timeout_s)}")
+    argv = rsync_args(mode, bwlimit_mbps, io_timeout_s)
     user = f"{target.user}@" if target.user else ""
     argv += ["-e", quote_text(ssh), "./", f"{user}{target.serve_rail.ip}:{remote_dest(dest_path)}/"]
     return Sh(f"cd {q(RemotePath(src_path))} && " + cmd(*argv))
@@ -287,6 +295,8 @@ class TargetResult:
     bytes_sent: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    hint: str = ""  # the fix for errors that "run sync-model again" does not mend (a daemon's port in use)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -304,6 +314,7 @@ class SyncReport:
     hint: str = ""
     dry_run: bool = False
     commands: dict[str, list[str]] = field(default_factory=dict)
+    transport: str = "ssh"
 
     @property
     def ok(self) -> bool:
@@ -342,9 +353,9 @@ class Progress:
 
 
 def _copy_target(source: Session, target: Host, plan: CopyPlan, src: Manifest, v: dict, opts: "SyncOptions",
-                 progress: Progress | None, repair: bool) -> TargetResult:
+                 progress: Progress | None, repair: bool, daemon=None, started: float | None = None) -> TargetResult:
     res = TargetResult(target.name, plan)
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     sizes = {p: f.size for p, f in src.files.items()}
     groups = []
     for mode, paths in (("append", plan.resume), ("repair" if repair else "whole", plan.send)):
@@ -358,8 +369,14 @@ def _copy_target(source: Session, target: Host, plan: CopyPlan, src: Manifest, v
     def stream(i: int) -> None:
         for mode, chunk in by_stream[i]:
             limit = sum(sizes[p] for p in chunk)
-            command = rsync_command(v["model_path"], target, v["model_path"], mode, v["sync_ssh_cipher"], opts.bwlimit_mbps,
-                                    v["sync_io_timeout_s"])
+            stdin = b"\0".join(p.encode() for p in chunk) + b"\0"
+            if daemon is None:
+                command = rsync_command(v["model_path"], target, v["model_path"], mode, v["sync_ssh_cipher"],
+                                        opts.bwlimit_mbps, v["sync_io_timeout_s"])
+            else:  # the secret is stdin's first line, read by the stream's shell
+                command = rsyncd.client_command(v["model_path"], source.host.serve_rail.ip, target.serve_rail.ip,
+                                                daemon.port, mode, opts.bwlimit_mbps, v["sync_io_timeout_s"])
+                stdin = daemon.secret.encode() + b"\n" + stdin
             buf = {"text": ""}
 
             def seen(text: str, key=(i, mode), limit=limit) -> None:
@@ -368,13 +385,16 @@ def _copy_target(source: Session, target: Host, plan: CopyPlan, src: Manifest, v
                 if n is not None and progress:
                     progress.update(target.name, key, n, limit)
 
-            r = source.run(command, timeout=v["sync_timeout_s"], stdin=b"\0".join(p.encode() for p in chunk) + b"\0",
-                           on_output=seen)
+            r = source.run(command, timeout=v["sync_timeout_s"], stdin=stdin, on_output=seen)
             with lock:
                 # --stats only comes at the end; an interrupted stream counts what progress2 last showed
                 res.bytes_sent += parse_bytes_sent(r.stdout) or parse_progress(r.stdout) or 0
                 if r.error or r.rc != 0:
                     why = r.error.message if r.error else stream_error(r.stderr, r.rc, v["sync_io_timeout_s"])
+                    refused = daemon is not None and not r.error and rsyncd.client_error(
+                        r.stderr, target, source.host, daemon.port)
+                    if refused:
+                        why, res.hint = refused
                     res.errors.append(f"stream {i + 1} ({len(chunk)} files): {why}")
                     return
             if progress:
@@ -399,6 +419,7 @@ class SyncOptions:
     repair: bool = False
     rehash: bool = False
     bwlimit_mbps: float | None = None
+    transport: str | None = None  # ssh | rsyncd; default sync_transport
 
 
 def _targets(inv: Inventory, opts: SyncOptions) -> tuple[Host, list[Host]]:
@@ -444,7 +465,10 @@ def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
     if not 1 <= opts.streams <= 64:
         raise UsageError(f"--streams {opts.streams}: must be between 1 and 64")
     opts.bwlimit_mbps = v["sync_bwlimit_mbps"] if opts.bwlimit_mbps is None else opts.bwlimit_mbps
-    rep = SyncReport(source.name, mode, [t.name for t in targets], dry_run=opts.dry_run)
+    opts.transport = opts.transport or v["sync_transport"]
+    if opts.transport not in TRANSPORTS:
+        raise UsageError(f"--transport {opts.transport!r}: must be ssh or rsyncd")
+    rep = SyncReport(source.name, mode, [t.name for t in targets], dry_run=opts.dry_run, transport=opts.transport)
     say = (lambda m: console.print(m, style="dim")) if console else (lambda m: None)
     with Runner([source] + targets) as runner:
         # 1. what is where (names, sizes, mtimes), and can the source reach the targets
@@ -471,21 +495,33 @@ def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
                 return rep
             src = _manifests(runner, [source], v, "size", False)[source.name]
             before[source.name] = src
-        peers = _peer_check(runner, source, targets)
-        if peers.status != C.PASS:
-            rep.failure, rep.hint = peers.detail, peers.hint
-            return rep
+        if opts.transport == "ssh":  # rsyncd: railyard's own sessions start the daemons; no SSH from the source
+            peers = _peer_check(runner, source, targets)
+            if peers.status != C.PASS:
+                rep.failure, rep.hint = peers.detail, peers.hint
+                return rep
         plans = {t.name: plan_copy(src, before[t.name]) for t in targets}
         if opts.dry_run:
             for t in targets:
                 p = plans[t.name]
                 rep.copies[t.name] = TargetResult(t.name, p)
                 cmds = []
+                port = t.vars["sync_rsyncd_port"] or "PORT"
+                if opts.transport == "rsyncd" and not p.empty:
+                    cmds.append(f"rsync --daemon --no-detach --config=/tmp/railyard-rsyncd.XXXXXXXXXX/rsyncd.conf "
+                                f"--port={port}  # over railyard's SSH session to {t.name}: address "
+                                f"{t.serve_rail.ip}, hosts allow {source.serve_rail.ip}, a one-time secret on stdin; "
+                                "removed after the copy")
                 for mode_, paths in (("append", p.resume), ("whole", p.send)):
                     for chunk in split_streams(paths, {k: f.size for k, f in src.files.items()}, opts.streams):
-                        line = rsync_command(v["model_path"], t, v["model_path"], mode_, v["sync_ssh_cipher"],
-                                             opts.bwlimit_mbps, v["sync_io_timeout_s"])
-                        cmds.append(f"{line}  # {len(chunk)} file(s) on stdin")
+                        if opts.transport == "rsyncd":
+                            line = rsyncd.client_command(v["model_path"], source.serve_rail.ip, t.serve_rail.ip, port,
+                                                         mode_, opts.bwlimit_mbps, v["sync_io_timeout_s"])
+                            cmds.append(f"{line}  # the secret, then {len(chunk)} file(s) on stdin")
+                        else:
+                            line = rsync_command(v["model_path"], t, v["model_path"], mode_, v["sync_ssh_cipher"],
+                                                 opts.bwlimit_mbps, v["sync_io_timeout_s"])
+                            cmds.append(f"{line}  # {len(chunk)} file(s) on stdin")
                 rep.commands[t.name] = cmds
             return rep
         # 2. copy, host to host, all targets and streams at once
@@ -500,7 +536,13 @@ def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
             _repair(runner, rep, source, targets, v, opts, console)
             _verify(runner, rep, source, targets, v, mode, False, say)
     if any(c.errors for c in rep.copies.values()):
-        rep.hint = "run sync-model again: finished files are not sent again and partial ones are continued"
+        rep.hint = next((c.hint for c in rep.copies.values() if c.errors and c.hint),
+                        "run sync-model again: finished files are not sent again and partial ones are continued")
+    for c in rep.copies.values():
+        rep.notes += c.notes
+    if opts.transport == "rsyncd" and any(c.plan and not c.plan.empty for c in rep.copies.values()):
+        rep.notes.append("copied over rsyncd: a one-time rsync daemon on each target's rail address, "
+                         "unencrypted on the rail (auth: a one-time secret and the source's rail address)")
     if mode == "size":
         rep.notes.append("verified by names and sizes only: content was not compared (use --verify content)")
     return rep
@@ -513,21 +555,63 @@ def _run_copies(runner, source, targets, plans, src, v, opts, console, repair) -
         return results
     for t in work:  # the target directory must exist before rsync writes into it
         runner.session(t).run(cmd("mkdir", "-p", Sh(q(RemotePath(v["model_path"])))))
-    progress = Progress({t.name: plans[t.name] for t in work}, console) if console else None
-    out: dict[str, TargetResult] = {}
+    started = time.monotonic()
+    daemons: dict[str, rsyncd.Daemon] = {}
+    try:
+        if opts.transport == "rsyncd":
+            work = _start_daemons(runner, source, work, v, opts, daemons, results)
+        progress = Progress({t.name: plans[t.name] for t in work}, console) if console and work else None
+        out: dict[str, TargetResult] = {}
 
-    def one(t: Host) -> None:
-        out[t.name] = _copy_target(runner.session(source), t, plans[t.name], src, v, opts, progress, repair)
+        def one(t: Host) -> None:
+            out[t.name] = _copy_target(runner.session(source), t, plans[t.name], src, v, opts, progress, repair,
+                                       daemons.get(t.name), started)
 
-    threads = [threading.Thread(target=one, args=(t,)) for t in work]
-    ctx = progress if progress else _Null()
-    with ctx:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    results.update(out)
+        threads = [threading.Thread(target=one, args=(t,)) for t in work]
+        ctx = progress if progress else _Null()
+        with ctx:
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+        results.update(out)
+    except BaseException:  # Ctrl-C: the daemons go before railyard does (and with its connections regardless)
+        for d in daemons.values():
+            d.stop(wait_s=2)
+        raise
+    for name, d in daemons.items():
+        removed = d.stop()
+        died = d.died
+        if died and results[name].errors:
+            results[name].errors.append(died)
+        if not removed:
+            results[name].notes.append(f"{name}: the rsync daemon's shell (pid {d.shell_pid}) did not confirm "
+                                       f"removing {d.tmpdir or 'its directory'}: check `ls -d /tmp/railyard-rsyncd.*` "
+                                       f"on {name}")
     return results
+
+
+def _start_daemons(runner, source, work, v, opts, daemons, results) -> list[Host]:
+    """One rsync daemon per target, in parallel, over railyard's session to it; the targets whose daemon
+    listens (the others fail with the daemon's one line and its fix)."""
+    started = {t.name: rsyncd.Daemon(t, runner.session(t)) for t in work}
+    daemons.update(started)
+    threads = [threading.Thread(target=lambda d=d: d.start(
+        v["model_path"], source, opts.streams, v["sync_io_timeout_s"], v["sync_timeout_s"] + 120,
+        d.target.vars["sync_rsyncd_port"])) for d in started.values()]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    ok = []
+    for t in work:
+        d = started[t.name]
+        if d.port and not d.error:
+            ok.append(t)
+        else:
+            results[t.name].errors.append(d.error)
+            results[t.name].hint = d.hint
+    return ok
 
 
 class _Null:
@@ -590,7 +674,7 @@ def report_json(rep: SyncReport) -> dict:
             "repaired": rep.repaired.get(name, []),
             "cache": m.cache if m else None,
         })
-    return {"ok": rep.ok, "source": rep.source, "verify": rep.verify, "dry_run": rep.dry_run,
+    return {"ok": rep.ok, "source": rep.source, "verify": rep.verify, "transport": rep.transport, "dry_run": rep.dry_run,
             "failure": rep.failure, "hint": rep.hint, "notes": rep.notes, "commands": rep.commands, "hosts": hosts}
 
 
@@ -618,7 +702,9 @@ def print_report(rep: SyncReport, console) -> None:
                 console.print(f"{host}$ {c}", soft_wrap=True, highlight=False)
         console.print("dry run: nothing was changed", style="bold")
         return
-    t = Table(title=f"sync-model: {rep.source} -> {', '.join(rep.targets)} (verify: {rep.verify})", title_justify="left")
+    over = "" if rep.transport == "ssh" else f", over {rep.transport}: unencrypted on the rail"
+    t = Table(title=f"sync-model: {rep.source} -> {', '.join(rep.targets)} (verify: {rep.verify}{over})",
+              title_justify="left")
     for col in ("host", "files", "size", "copy", "verify", "model"):
         t.add_column(col, overflow="fold")
     for name in [rep.source] + rep.targets:
@@ -646,8 +732,9 @@ def print_report(rep: SyncReport, console) -> None:
         if fixed:
             console.print(f"repaired on {name}: " + "; ".join(fixed))
     if any(c.errors for c in rep.copies.values()):
-        console.print(Text("the copy was interrupted: run sync-model again; finished files are not sent again "
-                           "and partial ones are continued", style="cyan"))
+        fix = next((c.hint for c in rep.copies.values() if c.errors and c.hint), "")
+        console.print(Text(f"fix: {fix}" if fix else "the copy was interrupted: run sync-model again; finished files "
+                           "are not sent again and partial ones are continued", style="cyan"))
     console.print(Text("OK: copies equal and the model valid" if rep.ok else
                        "FAILED: differences or an invalid model (see above); --repair re-sends only what differs",
                        style="bold green" if rep.ok else "bold red"))
