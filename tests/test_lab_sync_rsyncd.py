@@ -176,6 +176,10 @@ def test_a_port_in_use_is_one_line_naming_the_host_and_the_fix(fresh):
         assert (check["host"], check["status"]) == ("B", "fail")
         assert check["detail"] == f"copy failed: B: rsync daemon: port 28731 on {ip} is in use (another process listens there)"
         assert check["hint"] == "set sync_rsyncd_port to a free port, or 0 to let railyard pick one"
+        plan = inv_cmd("sync-model", "-i", str(fresh), *RSYNCD, "--dry-run")
+        assert plan.returncode == 0 and "nothing was changed" in plan.stdout and not _daemon_procs()
+        assert "rsync --daemon --no-detach" in plan.stdout and f"hosts allow {inv.head.serve_rail.ip}" in plan.stdout
+        assert f"--address={inv.head.serve_rail.ip} ./ rsync://railyard@{ip}:PORT/railyard/" in plan.stdout
         bad = inv_cmd("sync-model", "-i", str(fresh), "--transport", "scp")
         assert bad.returncode == 2 and bad.stderr.startswith("error: --transport 'scp': must be ssh or rsyncd")
     finally:
