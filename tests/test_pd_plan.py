@@ -51,7 +51,7 @@ def test_each_instance_talks_nixl_on_its_rail_and_nccl_inside():
     env = dict(p.spec.env)
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "192.168.120.12" == p.spec.bind  # never localhost
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1" and env["UCX_TLS"] == "rc,ud,sm,self,cuda_copy,cuda_ipc"
-    assert env["NCCL_IB_HCA"] == "mlx5_0" and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert env["NCCL_IB_HCA"] == "=mlx5_0" and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     assert p.spec.rdma.hcas == ("mlx5_0", "mlx5_1")
     pline, dline = docker.run_line(plan, p), docker.run_line(plan, d)
     assert "kv_producer" in pline and "kv_consumer" in dline

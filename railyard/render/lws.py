@@ -22,6 +22,7 @@ import yaml
 
 from ..errors import UsageError
 from ..serving.spec import LaunchPlan, Secret, Service, is_loopback
+from ..serving.vllm import ib_hca_device
 from ..transport import q
 from . import walk
 
@@ -181,6 +182,7 @@ class _Pods:
         if not (isinstance(iface, str) and isinstance(hca, str)):
             raise UsageError(f"--to lws: {svc.name} needs its rail's address but its environment names no "
                              "NCCL_SOCKET_IFNAME and NCCL_IB_HCA")
+        hca = ib_hca_device(hca)
         lines = [f"f=\"$(python3 -c {q(NODE_FACTS_PY)} {q(iface)} {q(hca)})\" || exit 1",
                  'RAILYARD_NODE_ADDR="${f% *}"; RAILYARD_GID_INDEX="${f#* }"']
         if needed & {"ref_gid_index", "gid_index"}:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..inventory import Inventory
 from ..serving.spec import LaunchPlan, Service
+from ..serving.vllm import ib_hca_device
 from ..transport import q
 from . import walk
 from .docker import run_argv
@@ -187,7 +188,7 @@ def render(plan: LaunchPlan, inv: Inventory) -> str:
         setup = []
         if needs & {"ref_node_addr", "ref_gid_index", "gid_index"} or (svc.address and svc.spec.bind == svc.address):
             iface = env.get("NCCL_SOCKET_IFNAME") or inv.host(svc.host).serve_rail.name
-            hca = env.get("NCCL_IB_HCA", "") if needs & {"ref_gid_index", "gid_index"} else ""
+            hca = ib_hca_device(str(env.get("NCCL_IB_HCA", ""))) if needs & {"ref_gid_index", "gid_index"} else ""
             setup.append(f"rail {q(str(iface))} {q(str(hca))}")
         if "ref_node_rank" in needs and svc.rank == k:
             setup.append("node_rank")

@@ -24,9 +24,10 @@ NCCL_SO_SETUP = ('export VLLM_NCCL_SO_PATH="$(python3 -c \'import os, nvidia.ncc
 API_KEY_TARGET = "/run/secrets/vllm-api-key"
 
 # NCCL and vLLM settings of the two-station reference for ranks talking over a RoCE rail;
-# {placeholders} come from the rank's facts (rail_hca, gid_index, rail_iface, node_ip).
+# {placeholders} come from the rank's facts (rail_hca, gid_index, rail_iface, node_ip). NCCL_IB_HCA is in
+# NCCL's exact form: without the leading '=' NCCL matches by prefix, and mlx5_1 also takes mlx5_10..mlx5_19.
 NCCL_ENV = (
-    ("NCCL_CUMEM_ENABLE", "1"), ("NCCL_IB_HCA", "{rail_hca}"), ("NCCL_IB_GID_INDEX", "{gid_index}"),
+    ("NCCL_CUMEM_ENABLE", "1"), ("NCCL_IB_HCA", "={rail_hca}"), ("NCCL_IB_GID_INDEX", "{gid_index}"),
     ("NCCL_IB_TIMEOUT", "22"), ("NCCL_IB_RETRY_CNT", "7"), ("VLLM_ALLREDUCE_USE_FLASHINFER", "0"),
     ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"), ("NCCL_SOCKET_IFNAME", "{rail_iface}"), ("GLOO_SOCKET_IFNAME", "{rail_iface}"),
     ("NCCL_NET_GDR_LEVEL", "5"), ("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
@@ -34,6 +35,11 @@ NCCL_ENV = (
     ("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "1800"), ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
     ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1"), ("FLASHINFER_DISABLE_VERSION_CHECK", "1"),
 )
+
+def ib_hca_device(setting: str) -> str:
+    """The first device an NCCL_IB_HCA value names: `=mlx5_1:1,mlx5_2` -> `mlx5_1`."""
+    return setting.lstrip("=^").split(",")[0].split(":")[0]
+
 
 # --all2all-backend values vLLM accepts (vllm/config/parallel.py, v0.30); "" leaves vLLM's default.
 ALL2ALL_BACKENDS = ("naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "mori", "nixl_ep",

@@ -404,10 +404,13 @@ def nccl_log(rank, nranks, peer_ip):
     cfg = container_config()
     ip = os.environ.get("VLLM_HOST_IP", "")
     iface = os.environ.get("NCCL_SOCKET_IFNAME", "")
-    hca = os.environ.get("NCCL_IB_HCA", "")
+    setting = os.environ.get("NCCL_IB_HCA", "")
     gid = os.environ.get("NCCL_IB_GID_INDEX", "")
     netdev = _rail_of(ip)
     hcas = tools().shape()["hcas"]  # this host's rails: RDMA device -> netdev
+    # NCCL's matching: `=name` exactly, a bare name as a prefix of the device names (the first one here)
+    first = setting.lstrip("=").split(",")[0].split(":")[0]
+    hca = first if setting.startswith("=") else next((d for d in sorted(hcas) if first and d.startswith(first)), first)
     has_dev = os.path.exists("/dev/infiniband/uverbs0")  # the container's own /dev
     ipc_lock = "IPC_LOCK" in cfg["HostConfig"]["CapAdd"]
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY
@@ -419,17 +422,17 @@ def nccl_log(rank, nranks, peer_ip):
              p + "NET/Plugin: Could not find: libnccl-net.so"]
     transport = "Socket"
     if not has_dev or hcas.get(hca) is None or hcas.get(hca) != netdev:
-        if hca:
-            lines.append(p + f"NCCL_IB_HCA set to {hca}")
+        if setting:
+            lines.append(p + f"NCCL_IB_HCA set to {setting}")
         lines.append(p + "NET/IB : No device found.")
     elif not (ipc_lock and memlock):
-        lines.append(p + f"NCCL_IB_HCA set to {hca}")
+        lines.append(p + f"NCCL_IB_HCA set to {setting}")
         lines.append(w + "Call to ibv_reg_mr failed with error Cannot allocate memory")
         lines.append(w + "NET/IB : Unable to register memory: check memlock ulimit (ulimit -l) and IPC_LOCK")
         lines.append(p + "NET/IB : No device found.")
     else:
         transport = "IB"
-        lines.append(p + f"NCCL_IB_HCA set to {hca}")
+        lines.append(p + f"NCCL_IB_HCA set to {setting}")
         lines.append(p + f"NCCL_IB_GID_INDEX set by environment to {gid}")
         lines.append(p + f"NET/IB : Using [0]{hca}:1/RoCE [RO]; OOB {iface}:{ip}<0>")
     if transport == "Socket":
