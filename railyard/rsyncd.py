@@ -10,8 +10,8 @@ own SSH session to it, one shell starts a real `rsync --daemon --no-detach` and 
   free port picked from a few random candidates, `hosts allow` is the source's rail address,
   `auth users` one user with a one-time random secret, `max connections` twice the streams (a
   stream's resume pass and its whole-file pass follow each other, and the daemon's child of the first
-  may not have exited yet when the second connects), `use chroot = no` and `uid`/`gid` the SSH
-  user's own ids (the daemon runs as that user: files are owned as the SSH path's rsync leaves them);
+  may not have exited yet when the second connects), `use chroot = no`, and the daemon runs as the SSH user
+  (`uid`/`gid` root's when that is root): files are owned as the SSH path's rsync leaves them;
 - the secret travels on stdin only (the daemon's shell reads it; the source's rsync gets it as
   RSYNC_PASSWORD from its shell's `read`), never in an argv, a log or railyard's output;
 - the shell removes the daemon (its whole process group) and the directory when it is told to
@@ -57,8 +57,10 @@ def candidate_ports(port: int, n: int = 6, rng: random.Random | None = None) -> 
 
 
 def render_config(address: str, source_ip: str, streams: int, io_timeout_s: int) -> str:
-    """rsyncd.conf for one copy. @DIR@, @UID@ and @GID@ are filled in on the target (its temp
-    directory and the SSH user's ids); every other value is an address or a number checked here."""
+    """rsyncd.conf for one copy. @DIR@ is filled in on the target (its temp directory); the uid/gid
+    lines become root's when the SSH user is root (rsyncd would switch to nobody) and go otherwise (a
+    daemon that is not root runs as its user, and setting a gid would fail in setgroups). Every other
+    value is an address or a number checked here."""
     address, source_ip = str(ipaddress.IPv4Address(address)), str(ipaddress.IPv4Address(source_ip))
     lines = [
         "# railyard sync-model: one copy, removed after it",
@@ -124,7 +126,8 @@ untime='s/^[0-9/]* [0-9:]* \\[[0-9]*\\] //'
 ln -s -- {q(RemotePath(dest_path))} "$d/module"
 printf '%s:%s\\n' {AUTH_USER} "$secret" > "$d/secrets"
 secret=
-printf '%s' {q(conf)} | sed -e "s#@DIR@#$d#g" -e "s#@UID@#$(id -u)#g" -e "s#@GID@#$(id -g)#g" > "$d/rsyncd.conf"
+if [ "$(id -u)" = 0 ]; then ids="-e s#@UID@#0#g -e s#@GID@#$(id -g)#g"; else ids="-e /@UID@/d -e /@GID@/d"; fi
+printf '%s' {q(conf)} | sed -e "s#@DIR@#$d#g" $ids > "$d/rsyncd.conf"
 for port in {" ".join(str(int(p)) for p in ports)}; do
   hp=$(printf '%04X' "$port")
   if grep -Eq ": ({le}|{be}):$hp 00000000:0000 0A " /proc/net/tcp; then

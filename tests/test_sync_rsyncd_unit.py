@@ -5,7 +5,10 @@ import copy
 import ipaddress
 import os
 import shlex
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +148,35 @@ def test_a_port_taken_on_every_address_fails_the_start_with_its_line(tmp_path):
     assert "sync_rsyncd_port" in d.hint
     d.stop()
     assert not os.path.exists(d.tmpdir)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser")
+def test_a_daemon_of_a_user_that_is_not_root_runs_as_that_user():
+    """An SSH user that is not root: no uid/gid lines (rsyncd's setgroups would refuse every transfer)."""
+    with tempfile.TemporaryDirectory(prefix="railyard-test-") as tmp:  # not under root's 0700 pytest dir
+        _as_nobody(Path(tmp))
+
+
+def _as_nobody(tmp_path):
+    for d in ("src", "dst"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "src" / "f.safetensors").write_bytes(os.urandom(10_000))
+    os.chmod(tmp_path, 0o755)
+    subprocess.run(["chown", "-R", "nobody", str(tmp_path)], check=True)
+    as_nobody = ["runuser", "-u", "nobody", "--", "sh", "-c"]
+    script = rsyncd.daemon_script(str(tmp_path / "dst"), "127.0.0.1", "127.0.0.1", rsyncd.candidate_ports(0), 1, 30)
+    p = subprocess.Popen(as_nobody + [script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        p.stdin.write("s3cret\n")
+        p.stdin.flush()
+        first, ready = p.stdout.readline().split(), p.stdout.readline().split()
+        assert ready[:2] == [rsyncd.MARK, "ready"], ready
+        conf = open(os.path.join(first[2], "rsyncd.conf")).read()
+        assert "uid =" not in conf and "gid =" not in conf
+        c = rsyncd.client_command(str(tmp_path / "src"), "127.0.0.1", "127.0.0.1", int(ready[2]), "whole", 0, 30)
+        r = subprocess.run(as_nobody + [c], input=b"s3cret\nf.safetensors\0", capture_output=True)
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / "dst" / "f.safetensors").read_bytes() == (tmp_path / "src" / "f.safetensors").read_bytes()
+    finally:
+        subprocess.run(["kill", first[3]])
+        assert f"{rsyncd.MARK} removed" in p.communicate(timeout=10)[0]
