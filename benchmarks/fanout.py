@@ -1,23 +1,32 @@
 #!/usr/bin/env python3
-"""Fan-out speed: `inv preflight` against the plain-ssh floor, on 2, 8 and 24 lab hosts.
+"""Fan-out speed: `inv preflight` against plain ssh and Ansible making the same probes, on 2, 8 and 24 lab hosts.
 
-For each N the lab is resized to N hosts, then, alternating, R times each:
-  - railyard: `inv preflight --json` as a user runs it (process start included),
-  - floor:    the very same probe script per host, one plain `ssh` per host, all in parallel
-              (OpenSSH client, its default key exchange), output only collected.
-It prints the median wall time of each, their ratio, and the cost per host.
+For each N the lab is resized to N hosts, then, in turn, R times each:
+  - railyard: `inv preflight --json` as a user runs it (process start and imports included);
+  - plain ssh: the very same probe script per host (railyard's, from preflight.sections_for), one OpenSSH
+    `ssh` per host, all in parallel, output only collected: the floor for this host work;
+  - Ansible: ansible-core (pinned, its own venv, made on first use) running a playbook that makes the same
+    probes, one shell task per probe, gather_facts off, forks = N, its ssh defaults (ControlPersist on).
+It prints the median wall time of each, the ratios, and the controller's CPU per host (user + sys of the
+controller process and its children: inv, the ssh clients, ansible-playbook and its workers).
 
-    sudo python3 benchmarks/fanout.py [--sizes 2,8,24] [--repeat 5]
+    sudo python3 benchmarks/fanout.py [--sizes 2,8,24] [--repeat 3] [--no-ansible]
 
-Needs root (the lab). Leaves a 2-host lab behind.
+Needs root (the lab). The machine's cores are shared by the controller and every host. Leaves a 2-host lab.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,59 +35,119 @@ sys.path.insert(0, str(ROOT))
 
 from railyard import lab  # noqa: E402
 from railyard.inventory import load_inventory  # noqa: E402
+from railyard.lab import components  # noqa: E402
 from railyard.preflight import sections_for  # noqa: E402
-from railyard.probe import joined_script, new_token  # noqa: E402
+from railyard.probe import joined_script, new_token, section_body  # noqa: E402
 
 
-def time_preflight(inv_path: Path) -> tuple[float, bool]:
-    t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "invoke", "preflight", "--json", "-i", str(inv_path)], cwd=ROOT,
-                       capture_output=True, text=True)
-    return time.perf_counter() - t, p.returncode == 0
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
-def time_plain_ssh(inv_path: Path) -> float:
-    inv = load_inventory(inv_path)
-    root = lab.lab_dir()
-    scripts = {h.name: joined_script(sections_for(h, inv), new_token()) for h in inv.hosts}
-    t = time.perf_counter()
-    procs = []
-    for h in inv.hosts:
-        argv = ["ssh", "-i", str(root / "id_ed25519"), "-o", f"UserKnownHostsFile={root / 'known_hosts'}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{h.address}",
-                "date +%s.%N; hostname; sh -c " + __import__("shlex").quote(scripts[h.name])]
-        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+def timed(argv: list[str] | list[list[str]], env: dict | None = None) -> tuple[float, float, bool]:
+    """Run one command (or several at once) to the end: wall seconds, CPU seconds of it and its children, all ok."""
+    many = argv if argv and isinstance(argv[0], list) else [argv]
+    cpu0, t = children_cpu(), time.perf_counter()
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env) for a in many]
     for p in procs:
         p.communicate()
-    return time.perf_counter() - t
+    return time.perf_counter() - t, children_cpu() - cpu0, all(p.returncode == 0 for p in procs)
+
+
+def railyard(inv_path: Path) -> tuple[float, float, bool]:
+    return timed([sys.executable, "-m", "invoke", "preflight", "--json", "-i", str(inv_path)])
+
+
+def ssh_opts(root: Path) -> list[str]:
+    return ["-i", str(root / "id_ed25519"), "-o", f"UserKnownHostsFile={root / 'known_hosts'}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
+
+
+def plain_ssh(inv_path: Path) -> tuple[float, float, bool]:
+    inv = load_inventory(inv_path)
+    root = lab.lab_dir()
+    return timed([["ssh", *ssh_opts(root), f"root@{h.address}",
+                   "date +%s.%N; hostname\n" + joined_script(sections_for(h, inv), new_token())] for h in inv.hosts])
+
+
+def ansible_project(inv_path: Path, where: Path) -> Path:
+    """An inventory with each host's probes as host vars (!unsafe: never templated) and a playbook running them."""
+    inv = load_inventory(inv_path)
+    root = lab.lab_dir()
+    (where / "host_vars").mkdir(parents=True, exist_ok=True)
+    lines = ["[lab]"]
+    for h in inv.hosts:
+        lines.append(f"{h.name} ansible_host={h.address} ansible_user=root ansible_python_interpreter=/usr/bin/python3"
+                     f" ansible_ssh_private_key_file={root / 'id_ed25519'}"
+                     f" ansible_ssh_common_args='-o UserKnownHostsFile={root / 'known_hosts'}"
+                     " -o StrictHostKeyChecking=yes'")
+        probes = [{"key": "clock", "cmd": "date +%s.%N; hostname", "timeout": 10}]
+        probes += [{"key": s.key, "cmd": section_body(s), "timeout": s.timeout} for s in sections_for(h, inv)]
+        text = "probes:\n" + "".join(f"  - key: {p['key']}\n    timeout: {p['timeout']}\n"
+                                     f"    cmd: !unsafe {json.dumps(p['cmd'])}\n" for p in probes)
+        (where / "host_vars" / f"{h.name}.yml").write_text(text)
+    (where / "hosts.ini").write_text("\n".join(lines) + "\n")
+    (where / "probes.yml").write_text(
+        "- hosts: lab\n  gather_facts: false\n  tasks:\n"
+        "    - name: probe\n"
+        "      ansible.builtin.shell: \"timeout -k 2 {{ item.timeout }} sh -c {{ item.cmd | quote }}\"\n"
+        "      loop: \"{{ probes }}\"\n      loop_control: {label: \"{{ item.key }}\"}\n"
+        "      changed_when: false\n      failed_when: false\n")
+    return where
+
+
+def ansible(project: Path, n: int) -> tuple[float, float, bool]:
+    env = {**os.environ, "ANSIBLE_FORKS": str(n), "ANSIBLE_HOST_KEY_CHECKING": "True",
+           "ANSIBLE_LOCAL_TEMP": str(project / "tmp")}
+    program = components.program("ansible")
+    return timed([str(program), "-i", str(project / "hosts.ini"), str(project / "probes.yml")], env=env)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="2,8,24")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-ansible", action="store_true")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    if not args.no_ansible:
+        components.ensure("ansible")
     rows = []
+    work = Path(tempfile.mkdtemp(prefix="railyard-fanout-"))
     for n in sizes:
         inv_path = lab.up(n, log=lambda *_: None)
-        time_preflight(inv_path)  # warm: ARP tables, page cache
-        ours, floor, oks = [], [], []
+        railyard(inv_path)  # warm: ARP tables, page cache
+        runs: dict[str, list[tuple[float, float, bool]]] = {"railyard": [], "ssh": [], "ansible": []}
+        project = None if args.no_ansible else ansible_project(inv_path, work / f"n{n}")
         for _ in range(args.repeat):
-            t, ok = time_preflight(inv_path)
-            ours.append(t)
-            oks.append(ok)
-            floor.append(time_plain_ssh(inv_path))
-        o, f = statistics.median(ours), statistics.median(floor)
-        rows.append((n, o, f, all(oks)))
-        print(f"N={n:>3}  railyard preflight {o:6.2f} s   plain parallel ssh {f:6.2f} s   "
-              f"ratio {o / f:4.2f}   per host {o / n * 1000:6.1f} ms vs {f / n * 1000:6.1f} ms   "
-              f"(median of {args.repeat}; preflight {'passed' if all(oks) else 'FAILED'})", flush=True)
+            runs["railyard"].append(railyard(inv_path))
+            runs["ssh"].append(plain_ssh(inv_path))
+            if project:
+                runs["ansible"].append(ansible(project, n))
+        med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v), all(r[2] for r in v))
+               for k, v in runs.items() if v}
+        rows.append((n, med))
+        ours, floor = med["railyard"], med["ssh"]
+        line = (f"N={n:>3}  railyard {ours[0]:6.2f} s  plain ssh {floor[0]:6.2f} s  ratio {ours[0] / floor[0]:4.2f}")
+        if "ansible" in med:
+            line += f"   Ansible {med['ansible'][0]:6.2f} s  (railyard {med['ansible'][0] / ours[0]:4.1f}x faster)"
+        cpu = "  ".join(f"{k} {v[1] / n * 1000:5.0f} ms" for k, v in med.items())
+        print(line, flush=True)
+        ran = ", ".join(f"{k} {'ok' if v[2] else 'FAILED'}" for k, v in med.items())
+        print(f"       controller CPU per host: {cpu}   (median of {args.repeat}; {ran})", flush=True)
     lab.up(2, log=lambda *_: None)
+    shutil.rmtree(work, ignore_errors=True)
     print()
-    print("N, railyard_s, plain_ssh_s, ratio")
-    for n, o, f, _ in rows:
-        print(f"{n}, {o:.3f}, {f:.3f}, {o / f:.2f}")
+    print("N, railyard_s, plain_ssh_s, ansible_s, railyard/ssh, ansible/railyard, "
+          "cpu_ms_per_host_railyard, cpu_ms_per_host_ssh, cpu_ms_per_host_ansible")
+    for n, med in rows:
+        a = med.get("ansible")
+        print(f"{n}, {med['railyard'][0]:.3f}, {med['ssh'][0]:.3f}, {a[0] if a else float('nan'):.3f}, "
+              f"{med['railyard'][0] / med['ssh'][0]:.2f}, {(a[0] / med['railyard'][0]) if a else float('nan'):.1f}, "
+              f"{med['railyard'][1] / n * 1000:.0f}, {med['ssh'][1] / n * 1000:.0f}, "
+              f"{(a[1] / n * 1000) if a else float('nan'):.0f}")
+    print("rerun: sudo python3 " + shlex.join(sys.argv))
     return 0
 
 

@@ -1,5 +1,6 @@
 """Real components the lab runs instead of stand-ins: the LMCache server, the LiteLLM proxy and the
-vLLM router (vllm-project/router, the Rust prefill/decode router).
+vLLM router (vllm-project/router, the Rust prefill/decode router); and, made only when
+benchmarks/fanout.py asks for it, ansible-core for its comparison.
 
 Each lives in its own virtualenv with pinned versions, made once by `lab.up` (ensure()) and kept
 outside the lab directory, so `lab.down` does not throw away minutes of installing. The venvs are
@@ -28,9 +29,11 @@ COMPONENTS = {
     "lmcache": ("torch==2.13.0+cpu", "lmcache==0.5.6"),
     "litellm": ("litellm[proxy]==1.108.7",),
     "vllm-router": ("vllm-router==0.1.17",),  # a Rust wheel (23 MB; the venv ~130 MB, ~10 s)
+    "ansible": ("ansible-core==2.19.14",),  # benchmarks/fanout.py's comparison only: made on demand
 }
+ON_DEMAND = {"ansible"}  # not made by lab.up
 # the program each venv provides, as the lab image's bin runs it
-PROGRAMS = {"lmcache": "lmcache", "litellm": "litellm", "vllm-router": "vllm-router"}
+PROGRAMS = {"lmcache": "lmcache", "litellm": "litellm", "vllm-router": "vllm-router", "ansible": "ansible-playbook"}
 
 
 def venvs_dir() -> Path:
@@ -85,4 +88,4 @@ def ensure(name: str, log=print) -> Path:
 
 
 def ensure_all(log=print) -> dict[str, Path]:
-    return {name: ensure(name, log) for name in COMPONENTS}
+    return {name: ensure(name, log) for name in COMPONENTS if name not in ON_DEMAND}
