@@ -162,13 +162,13 @@ exit 1
 """)
 
 
-def client_command(src_path: str, source_ip: str, address: str, port: int | str, mode: str, bwlimit_mbps: float,
+def client_command(src_path: str, source_ip: str, address: str, port: int | str, rsync_argv: list[str],
                    io_timeout_s: int = 0) -> Sh:
-    """One rsync stream on the source, to the target's daemon. stdin: the secret's line, then the file
-    list (NUL-separated); the shell's `read` takes the first line into RSYNC_PASSWORD, rsync the rest.
-    port: the daemon's, or the word PORT in a dry run's plan (a free one is picked at the start)."""
-    from .sync import rsync_args
-    argv = rsync_args(mode, bwlimit_mbps, io_timeout_s)
+    """One rsync stream on the source, to the target's daemon: rsync_argv is the stream's rsync and its options
+    (sync.rsync_args, the SSH path's). stdin: the secret's line, then the file list (NUL-separated); the shell's
+    `read` takes the first line into RSYNC_PASSWORD, rsync the rest. port: the daemon's, or the word PORT in a
+    dry run's plan (a free one is picked at the start)."""
+    argv = list(rsync_argv)
     if io_timeout_s:
         argv.append(f"--contimeout={int(io_timeout_s)}")
     argv += [f"--address={ipaddress.IPv4Address(source_ip)}", "./",

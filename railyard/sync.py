@@ -375,7 +375,8 @@ def _copy_target(source: Session, target: Host, plan: CopyPlan, src: Manifest, v
                                         opts.bwlimit_mbps, v["sync_io_timeout_s"])
             else:  # the secret is stdin's first line, read by the stream's shell
                 command = rsyncd.client_command(v["model_path"], source.host.serve_rail.ip, target.serve_rail.ip,
-                                                daemon.port, mode, opts.bwlimit_mbps, v["sync_io_timeout_s"])
+                                                daemon.port, rsync_args(mode, opts.bwlimit_mbps, v["sync_io_timeout_s"]),
+                                                v["sync_io_timeout_s"])
                 stdin = daemon.secret.encode() + b"\n" + stdin
             buf = {"text": ""}
 
@@ -516,7 +517,8 @@ def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
                     for chunk in split_streams(paths, {k: f.size for k, f in src.files.items()}, opts.streams):
                         if opts.transport == "rsyncd":
                             line = rsyncd.client_command(v["model_path"], source.serve_rail.ip, t.serve_rail.ip, port,
-                                                         mode_, opts.bwlimit_mbps, v["sync_io_timeout_s"])
+                                                         rsync_args(mode_, opts.bwlimit_mbps, v["sync_io_timeout_s"]),
+                                                         v["sync_io_timeout_s"])
                             cmds.append(f"{line}  # the secret, then {len(chunk)} file(s) on stdin")
                         else:
                             line = rsync_command(v["model_path"], t, v["model_path"], mode_, v["sync_ssh_cipher"],

@@ -16,7 +16,7 @@ import pytest
 from railyard import rsyncd
 from railyard.inventory import load_inventory
 from railyard.runner import Runner
-from railyard.sync import SyncOptions, sync_model
+from railyard.sync import SyncOptions, rsync_args, sync_model
 
 from .conftest import ROOT, home, inv_cmd, wait_for
 from .test_lab_sync import SHARDS, _kill_rsync_on_A, checkpoint, files_of_A, fresh, model_dir  # noqa: F401
@@ -105,7 +105,7 @@ def test_the_daemon_admits_only_the_sources_rail_address_and_the_secret(fresh):
             probe = "rsync --contimeout=3 --list-only {} rsync://railyard@{}:{}/railyard/ 2>&1; echo rc=$?"
             files = b"config.json\0"
             wrong = r.session(a).run(rsyncd.client_command(a.vars["model_path"], a.serve_rail.ip, b.serve_rail.ip,
-                                                           d.port, "whole", 0, 20), stdin=b"0" * 64 + b"\n" + files)
+                                                           d.port, rsync_args("whole", 0, 20), 20), stdin=b"0" * 64 + b"\n" + files)
             assert wrong.rc == 5 and rsyncd.client_error(wrong.stderr, b, a, d.port)[0] == \
                 f"the rsync daemon on B ({b.serve_rail.ip}:{d.port}) refused the secret (auth failed)"
             mgmt = r.session(a).run(probe.format("", b.address, d.port))  # B's management address: not bound

@@ -56,14 +56,14 @@ def test_daemon_script_quotes_the_path_and_never_carries_the_secret():
 
 
 def test_client_command_reads_the_secret_from_stdin_and_dials_from_the_rail():
-    c = rsyncd.client_command("~/" + HOSTILE, "198.18.101.11", "198.18.101.12", 20001, "whole", 12.5, 40)
+    c = rsyncd.client_command("~/" + HOSTILE, "198.18.101.11", "198.18.101.12", 20001, rsync_args("whole", 12.5, 40), 40)
     assert c.startswith("cd \"$HOME\"/" + shlex.quote(HOSTILE) + " && IFS= read -r RSYNC_PASSWORD && "
                         "export RSYNC_PASSWORD && exec rsync ")
     argv = shlex.split(c.split(" && exec ", 1)[1])
     assert argv[:len(rsync_args("whole", 12.5, 40))] == rsync_args("whole", 12.5, 40)  # the SSH path's options
     assert "--whole-file" in argv and "--partial" in argv and "--contimeout=40" in argv
     assert argv[-3:] == ["--address=198.18.101.11", "./", "rsync://railyard@198.18.101.12:20001/railyard/"]
-    assert "--append-verify" in rsyncd.client_command("/m", "10.0.0.1", "10.0.0.2", 1, "append", 0)
+    assert "--append-verify" in rsyncd.client_command("/m", "10.0.0.1", "10.0.0.2", 1, rsync_args("append", 0))
 
 
 def test_daemon_and_client_errors_are_one_line_naming_the_host_and_the_fix():
@@ -113,7 +113,7 @@ def test_a_real_daemon_on_loopback_copies_into_a_hostile_path_and_leaves_nothing
         assert oct(os.stat(os.path.join(d.tmpdir, "secrets")).st_mode & 0o777) == "0o600"
         assert d.secret not in open(os.path.join(d.tmpdir, "rsyncd.conf")).read()
         files = b"\0".join(p.name.encode() for p in src.iterdir()) + b"\0"
-        c = rsyncd.client_command(str(src), "127.0.0.1", "127.0.0.1", d.port, "whole", 0, 30)
+        c = rsyncd.client_command(str(src), "127.0.0.1", "127.0.0.1", d.port, rsync_args("whole", 0, 30), 30)
         wrong = subprocess.run(["sh", "-c", c], input=b"not-the-secret\n" + files, capture_output=True)
         assert wrong.returncode == 5
         assert rsyncd.client_error(wrong.stderr.decode(), target, target, d.port)[0].endswith("(auth failed)")
@@ -173,7 +173,7 @@ def _as_nobody(tmp_path):
         assert ready[:2] == [rsyncd.MARK, "ready"], ready
         conf = open(os.path.join(first[2], "rsyncd.conf")).read()
         assert "uid =" not in conf and "gid =" not in conf
-        c = rsyncd.client_command(str(tmp_path / "src"), "127.0.0.1", "127.0.0.1", int(ready[2]), "whole", 0, 30)
+        c = rsyncd.client_command(str(tmp_path / "src"), "127.0.0.1", "127.0.0.1", int(ready[2]), rsync_args("whole", 0, 30), 30)
         r = subprocess.run(as_nobody + [c], input=b"s3cret\nf.safetensors\0", capture_output=True)
         assert r.returncode == 0, r.stderr
         assert (tmp_path / "dst" / "f.safetensors").read_bytes() == (tmp_path / "src" / "f.safetensors").read_bytes()
