@@ -8,7 +8,8 @@ For each N the lab is resized to N hosts, then, in turn, R times each:
   - Ansible: ansible-core (pinned, its own venv, made on first use) running a playbook that makes the same
     probes, one shell task per probe, gather_facts off, forks = N, its ssh defaults (ControlPersist on).
 It prints the median wall time of each, the ratios, and the controller's CPU per host (user + sys of the
-controller process and its children: inv, the ssh clients, ansible-playbook and its workers).
+controller process and its children: inv, the ssh clients, ansible-playbook and its workers), and the
+machine's busy CPU meanwhile (the controller and every lab host: /proc/stat).
 
     sudo python3 benchmarks/fanout.py [--sizes 2,8,24] [--repeat 3] [--no-ansible]
 
@@ -45,17 +46,27 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def timed(argv: list[str] | list[list[str]], env: dict | None = None) -> tuple[float, float, bool]:
-    """Run one command (or several at once) to the end: wall seconds, CPU seconds of it and its children, all ok."""
+def machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine so far (/proc/stat: user, nice, system, irq, softirq, steal): the
+    controller and every lab host together."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(argv: list[str] | list[list[str]], env: dict | None = None) -> tuple[float, float, float, bool]:
+    """Run one command (or several at once) to the end: wall seconds, CPU seconds of it and its children, the
+    machine's busy CPU seconds meanwhile, and whether all exited 0."""
     many = argv if argv and isinstance(argv[0], list) else [argv]
-    cpu0, t = children_cpu(), time.perf_counter()
+    cpu0, all0, t = children_cpu(), machine_cpu(), time.perf_counter()
     procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env) for a in many]
     for p in procs:
         p.communicate()
-    return time.perf_counter() - t, children_cpu() - cpu0, all(p.returncode == 0 for p in procs)
+    return (time.perf_counter() - t, children_cpu() - cpu0, machine_cpu() - all0,
+            all(p.returncode == 0 for p in procs))
 
 
-def railyard(inv_path: Path) -> tuple[float, float, bool]:
+def railyard(inv_path: Path) -> tuple[float, float, float, bool]:
     return timed([sys.executable, "-m", "invoke", "preflight", "--json", "-i", str(inv_path)])
 
 
@@ -64,7 +75,7 @@ def ssh_opts(root: Path) -> list[str]:
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
 
 
-def plain_ssh(inv_path: Path) -> tuple[float, float, bool]:
+def plain_ssh(inv_path: Path) -> tuple[float, float, float, bool]:
     inv = load_inventory(inv_path)
     root = lab.lab_dir()
     return timed([["ssh", *ssh_opts(root), f"root@{h.address}",
@@ -97,7 +108,7 @@ def ansible_project(inv_path: Path, where: Path) -> Path:
     return where
 
 
-def ansible(project: Path, n: int) -> tuple[float, float, bool]:
+def ansible(project: Path, n: int) -> tuple[float, float, float, bool]:
     env = {**os.environ, "ANSIBLE_FORKS": str(n), "ANSIBLE_HOST_KEY_CHECKING": "True",
            "ANSIBLE_LOCAL_TEMP": str(project / "tmp")}
     program = components.program("ansible")
@@ -118,14 +129,14 @@ def main() -> int:
     for n in sizes:
         inv_path = lab.up(n, log=lambda *_: None)
         railyard(inv_path)  # warm: ARP tables, page cache
-        runs: dict[str, list[tuple[float, float, bool]]] = {"railyard": [], "ssh": [], "ansible": []}
+        runs: dict[str, list[tuple[float, float, float, bool]]] = {"railyard": [], "ssh": [], "ansible": []}
         project = None if args.no_ansible else ansible_project(inv_path, work / f"n{n}")
         for _ in range(args.repeat):
             runs["railyard"].append(railyard(inv_path))
             runs["ssh"].append(plain_ssh(inv_path))
             if project:
                 runs["ansible"].append(ansible(project, n))
-        med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v), all(r[2] for r in v))
+        med = {k: (*(statistics.median(r[i] for r in v) for i in range(3)), all(r[3] for r in v))
                for k, v in runs.items() if v}
         rows.append((n, med))
         ours, floor = med["railyard"], med["ssh"]
@@ -133,20 +144,21 @@ def main() -> int:
         if "ansible" in med:
             line += f"   Ansible {med['ansible'][0]:6.2f} s  (railyard {med['ansible'][0] / ours[0]:4.1f}x faster)"
         cpu = "  ".join(f"{k} {v[1] / n * 1000:5.0f} ms" for k, v in med.items())
+        busy = "  ".join(f"{k} {v[2]:5.1f} s" for k, v in med.items())
         print(line, flush=True)
-        ran = ", ".join(f"{k} {'ok' if v[2] else 'FAILED'}" for k, v in med.items())
+        ran = ", ".join(f"{k} {'ok' if v[3] else 'FAILED'}" for k, v in med.items())
         print(f"       controller CPU per host: {cpu}   (median of {args.repeat}; {ran})", flush=True)
+        print(f"       machine CPU (controller and hosts): {busy}", flush=True)
     lab.up(2, log=lambda *_: None)
     shutil.rmtree(work, ignore_errors=True)
     print()
     print("N, railyard_s, plain_ssh_s, ansible_s, railyard/ssh, ansible/railyard, "
-          "cpu_ms_per_host_railyard, cpu_ms_per_host_ssh, cpu_ms_per_host_ansible")
+          "cpu_ms_per_host_railyard, cpu_ms_per_host_ssh, cpu_ms_per_host_ansible, machine_cpu_s_railyard")
+    nan = (float("nan"),) * 4
     for n, med in rows:
-        a = med.get("ansible")
-        print(f"{n}, {med['railyard'][0]:.3f}, {med['ssh'][0]:.3f}, {a[0] if a else float('nan'):.3f}, "
-              f"{med['railyard'][0] / med['ssh'][0]:.2f}, {(a[0] / med['railyard'][0]) if a else float('nan'):.1f}, "
-              f"{med['railyard'][1] / n * 1000:.0f}, {med['ssh'][1] / n * 1000:.0f}, "
-              f"{(a[1] / n * 1000) if a else float('nan'):.0f}")
+        r, f, a = med["railyard"], med["ssh"], med.get("ansible", nan)
+        print(f"{n}, {r[0]:.3f}, {f[0]:.3f}, {a[0]:.3f}, {r[0] / f[0]:.2f}, {a[0] / r[0]:.1f}, "
+              f"{r[1] / n * 1000:.0f}, {f[1] / n * 1000:.0f}, {a[1] / n * 1000:.0f}, {r[2]:.1f}")
     print("rerun: sudo python3 " + shlex.join(sys.argv))
     return 0
 
