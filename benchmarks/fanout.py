@@ -60,10 +60,13 @@ def timed(argv: list[str] | list[list[str]], env: dict | None = None) -> tuple[f
     many = argv if argv and isinstance(argv[0], list) else [argv]
     cpu0, all0, t = children_cpu(), machine_cpu(), time.perf_counter()
     procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env) for a in many]
-    for p in procs:
-        p.communicate()
-    return (time.perf_counter() - t, children_cpu() - cpu0, machine_cpu() - all0,
-            all(p.returncode == 0 for p in procs))
+    outs = [p.communicate()[0] for p in procs]
+    took = (time.perf_counter() - t, children_cpu() - cpu0, machine_cpu() - all0)
+    if many[0][:4] == [sys.executable, "-m", "invoke", "preflight"] and procs[0].returncode:
+        for c in json.loads(outs[0])["checks"]:  # say what failed: a benchmark of a failing run is no benchmark
+            if c["status"] == "fail":
+                print(f"       railyard run failed: {c['host']} {c['check']}: {c['detail'][:160]}", flush=True)
+    return (*took, all(p.returncode == 0 for p in procs))
 
 
 def railyard(inv_path: Path) -> tuple[float, float, float, bool]:
