@@ -664,22 +664,22 @@ def compute_apps_csv(pids: SmiPids, gpus: list[Gpu], bus_of: dict[str, str] | No
     """The compute processes of `-q -d PIDS` as `--query-compute-apps=gpu_uuid,pid,process_name,used_memory
     --format=csv,noheader,nounits` prints them (parse_compute_apps reads it): Type C or C+G only, each GPU named
     by its UUID (by bus id where known, else by its position, which is nvidia-smi's index order)."""
-    by_bus = {_bus_key(b): u for u, b in (bus_of or {}).items()}
+    def bdf(bus: str) -> str | None:
+        try:
+            return pci_bdf(bus)
+        except ValueError:
+            return None
+
+    by_bus = {bdf(b): u for u, b in (bus_of or {}).items()}
+    by_bus.pop(None, None)
     rows = []
     for p in pids.procs:
         if "C" not in p.type.split("+"):
             continue
-        uuid = by_bus.get(_bus_key(p.bus_id)) or (gpus[p.gpu].uuid if p.gpu < len(gpus) else p.bus_id)
+        uuid = by_bus.get(bdf(p.bus_id)) or (gpus[p.gpu].uuid if p.gpu < len(gpus) else p.bus_id)
         used = p.used.replace("MiB", "").strip()
         rows.append(f"{uuid}, {p.pid}, {p.name}, {used if used.isdigit() else '[N/A]'}\n")
     return "".join(rows)
-
-
-def _bus_key(bus: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x, 16) for x in re.split(r"[:.]", bus.strip()))
-    except ValueError:
-        return ()
 
 
 # ---------------------------------------------------------------- GPU health: nvidia-smi --query-gpu
@@ -801,38 +801,8 @@ def parse_ibv_devinfo(text: str) -> IbDevInfo:
     return IbDevInfo(hca, fw, {n: IbPort(**p) for n, p in ports.items()})
 
 
-@dataclass(frozen=True)
-class PciAcs:
-    bdf: str
-    name: str
-    port: str            # the Express capability's port type: Root Port, Downstream Port, Upstream Port, Endpoint, ...
-    acsctl: dict[str, bool]
-    line: str
-
-
 _EXPRESS = re.compile(r"Express \(v\d\) (Root Port|Downstream Port|Upstream Port|Endpoint|Legacy Endpoint)|"
                       r"Express (Root Port|Downstream Port|Upstream Port|Endpoint)")
-
-
-def parse_lspci_acs(text: str) -> tuple[list[PciAcs], bool]:
-    """`lspci -vvv`: each device with an ACSCtl line, and whether capabilities were hidden (`<access denied>`:
-    not root)."""
-    out: list[PciAcs] = []
-    denied = "<access denied>" in text
-    bdf = name = port = None
-    for raw in text.splitlines():
-        if raw and not raw[0].isspace():
-            head = raw.split(" ", 1)
-            bdf, name, port = head[0], head[1] if len(head) > 1 else "", ""
-            continue
-        m = _EXPRESS.search(raw)
-        if m:
-            port = m.group(1) or m.group(2)
-        s = raw.strip()
-        if s.startswith("ACSCtl:") and bdf:
-            flags = {f[:-1]: f.endswith("+") for f in s[7:].split() if f[-1:] in "+-"}
-            out.append(PciAcs(bdf, name, port or "", flags, s))
-    return out, denied
 
 
 @dataclass(frozen=True)
