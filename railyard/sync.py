@@ -598,13 +598,9 @@ def _start_daemons(runner, source, work, v, opts, daemons, results) -> list[Host
     listens (the others fail with the daemon's one line and its fix)."""
     started = {t.name: rsyncd.Daemon(t, runner.session(t)) for t in work}
     daemons.update(started)
-    threads = [threading.Thread(target=lambda d=d: d.start(
-        v["model_path"], source, opts.streams, v["sync_io_timeout_s"], v["sync_timeout_s"] + 120,
-        d.target.vars["sync_rsyncd_port"])) for d in started.values()]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    runner.each(lambda s: started[s.host.name].start(v["model_path"], source, opts.streams, v["sync_io_timeout_s"],
+                                                     v["sync_timeout_s"] + 120, s.host.vars["sync_rsyncd_port"]),
+                work)
     ok = []
     for t in work:
         d = started[t.name]
