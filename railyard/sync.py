@@ -598,17 +598,20 @@ def _start_daemons(runner, source, work, v, opts, daemons, results) -> list[Host
     listens (the others fail with the daemon's one line and its fix)."""
     started = {t.name: rsyncd.Daemon(t, runner.session(t)) for t in work}
     daemons.update(started)
-    runner.each(lambda s: started[s.host.name].start(v["model_path"], source, opts.streams, v["sync_io_timeout_s"],
-                                                     v["sync_timeout_s"] + 120, s.host.vars["sync_rsyncd_port"]),
-                work)
+    got = runner.each(lambda s: started[s.host.name].start(v["model_path"], source, opts.streams,
+                                                           v["sync_io_timeout_s"], v["sync_timeout_s"] + 120,
+                                                           s.host.vars["sync_rsyncd_port"]), work)
     ok = []
     for t in work:
-        d = started[t.name]
+        d, r = started[t.name], got[t.name]
         if d.port and not d.error:
             ok.append(t)
-        else:
+        elif d.error:  # the daemon's own line and its fix
             results[t.name].errors.append(d.error)
             results[t.name].hint = d.hint
+        else:  # a bug in its start, caught by Runner.each
+            results[t.name].errors.append(f"{t.name}: rsync daemon: {r.error.message}")
+            results[t.name].hint = r.error.hint
     return ok
 
 
