@@ -26,7 +26,7 @@ from .serving.litellm import READY_PATH, parse_health
 from .serving.spec import Endpoint, LaunchPlan, Service
 from .serving.vllm import parse_kv_cache
 from .transport import Session, cmd
-from .verify import Probe
+from .verify import CHAT_PROBE, Probe, judge_answer
 
 PROOF_RATIO = 0.8
 _RETRIEVED = re.compile(r"Retrieved (\d+) tokens")
@@ -92,13 +92,12 @@ def _router_probes(s: Session, plan: LaunchPlan, live: list[Service]) -> tuple[l
             "; unhealthy: " + "; ".join(f"{k} ({v})" if v else k for k, v in rh.unhealthy.items()) if rh.unhealthy else "")
         out.append(Probe("router sees replicas", bool(rh.healthy) and not missing,
                          detail + (f"; not healthy there: {', '.join(missing)}" if missing else ""), ms))
-    body = {"model": ep.model, "temperature": 0, "max_tokens": 16,
-            "messages": [{"role": "user", "content": "Reply with the single word: ready."}]}
-    code, ms, text, who = request(s, ep, "/v1/chat/completions", body, timeout=120, header="x-litellm-model-id")
+    code, ms, text, who = request(s, ep, "/v1/chat/completions", CHAT_PROBE | {"model": ep.model}, timeout=120,
+                                  header="x-litellm-model-id")
     data["answered_by"] = who or None
-    out.append(Probe("chat completion via router", code == 200 and bool(who),
-                     f"HTTP {code}" + (f"; answered by {who}" if who else "; no x-litellm-model-id header")
-                     + ("" if code == 200 else f": {text.strip()[:160]}"), ms))
+    ok, detail = judge_answer(code, text)
+    out.append(Probe("chat completion via router", ok and bool(who),
+                     detail + (f"; answered by {who}" if who else "; no x-litellm-model-id header"), ms))
     return out, data
 
 

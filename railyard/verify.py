@@ -9,7 +9,9 @@ A one-host layout has nothing to verify there, and says so.
 
 health asks each service for its container and GPUs, then the plan's endpoint (with the key,
 read on its host): /health, /v1/models, one short real chat completion at temperature 0 that
-must end with finish_reason "stop", and /metrics summarised; under DP attention also the KV
+must generate at least one token (finish_reason "stop" or "length": a model that does not stop
+within the probe's tokens, as a reasoning model thinking first, is healthy), and /metrics
+summarised; under DP attention also the KV
 cache of every DP rank (min, sum, spread) and every engine in /metrics. Every probe's latency
 is shown.
 """
@@ -200,6 +202,38 @@ def _curl(s: Session, ep: Endpoint, path: str, body: dict | None = None, timeout
     return request(s, ep, path, body, timeout)[:3]
 
 
+# the probe's question; 16 tokens: enough for any model's first words, and a CPU's or a busy
+# engine's few seconds, not a whole answer's
+CHAT_PROBE = {"temperature": 0, "max_tokens": 16,
+              "messages": [{"role": "user", "content": "Reply with the single word: ready."}]}
+FINISHED = ("stop", "length")  # generated until it stopped, or until the probe's max_tokens
+
+
+def judge_answer(code: int | None, text: str) -> tuple[bool, str]:
+    """A chat completion's verdict: HTTP 200, a finish_reason of stop or length, and at least one
+    generated token (usage.completion_tokens); the detail shows the start of the answer.
+
+        HTTP 200; finish_reason length; 16 tokens: "NORTHUMBERLAND played ..."
+    """
+    if code != 200:
+        return False, f"HTTP {code}: {text.strip()[:160]}" if code else f"no answer: {text.strip()[:120]}"
+    try:
+        doc = json.loads(text)
+        choice = doc["choices"][0]
+        finish, content = choice.get("finish_reason"), (choice.get("message") or {}).get("content") or ""
+        tokens = (doc.get("usage") or {}).get("completion_tokens")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return False, f"HTTP 200 but not a chat completion: {text.strip()[:120]}"
+    shown = " ".join(content.split())
+    detail = (f"HTTP 200; finish_reason {finish}; {tokens if tokens is not None else 'no'} token(s)"
+              + (f': "{shown[:60]}{"..." if len(shown) > 60 else ""}"' if shown else ""))
+    if finish not in FINISHED:
+        return False, detail + f" (expected {' or '.join(FINISHED)})"
+    if not isinstance(tokens, int) or tokens < 1:
+        return False, detail + " (no generated token)"
+    return True, detail
+
+
 def summarize_metrics(m: dict) -> dict:
     def get(*names):
         for n in names:
@@ -289,18 +323,9 @@ def _api_probes(s: Session, ep: Endpoint) -> tuple[list[Probe], dict]:
     probes.append(Probe("/v1/models", code == 200 and served in ids,
                         (f"HTTP {code}; serves {', '.join(ids) or 'nothing'}" if code else f"no answer: {text[:120]}")
                         + ("" if served in ids else f" (expected {served})"), ms))
-    body = {"model": served, "temperature": 0, "max_tokens": 64,
-            "messages": [{"role": "user", "content": "Reply with the single word: ready."}]}
-    code, ms, text = _curl(s, ep, "/v1/chat/completions", body, timeout=120)
-    finish = None
-    try:
-        doc = json.loads(text)
-        finish = doc["choices"][0]["finish_reason"]
-        tokens = doc.get("usage", {}).get("completion_tokens")
-    except (ValueError, KeyError, IndexError, TypeError):
-        tokens = None
-    probes.append(Probe("chat completion", code == 200 and finish == "stop",
-                        f"HTTP {code}; finish_reason {finish}" + (f"; {tokens} tokens" if tokens else ""), ms))
+    code, ms, text = _curl(s, ep, "/v1/chat/completions", CHAT_PROBE | {"model": served}, timeout=120)
+    ok, detail = judge_answer(code, text)
+    probes.append(Probe("chat completion", ok, detail, ms))
     code, ms, text = _curl(s, ep, "/metrics", timeout=10)
     if code == 200:
         metrics = summarize_metrics(parse_metrics(text))
