@@ -246,3 +246,15 @@ def test_a_failed_proof_is_named_by_the_log_with_its_fix(monkeypatch):
     side, _ = _prove(monkeypatch, 500, "", {"decode-0": ["(Worker_DP0 pid=9) ERROR zmq.error.Again: Resource "
                                                          "temporarily unavailable"]}, moved=False)
     assert "VLLM_NIXL_SIDE_CHANNEL_HOST" in side.fix
+
+
+def test_nixl_stages_kv_in_host_memory_only_when_asked():
+    """kv_buffer_device: vLLM's default (GPU memory) is not passed; "cpu", for an engine without GPU
+    memory (vLLM's CPU build, as the lab runs it), is passed in the connector's JSON."""
+    _, plan = pd_plan()
+    assert "kv_buffer_device" not in docker.run_line(plan, plan.service("prefill-0"))
+    _, plan = pd_plan("pd_kv_buffer_device=cpu")
+    for name, role in (("prefill-0", "kv_producer"), ("decode-0", "kv_consumer")):
+        cmd = plan.service(name).spec.command
+        kv = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+        assert kv == {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}

@@ -127,6 +127,7 @@ def _write(tmp_path, **serve_vars):
     (dict(litellm_port=8002), "litellm_port = 8002: port 8002 is taken twice (r1 and router)"),
     (dict(litellm_image="litellm:latest"), "litellm_image = 'litellm:latest': must be pinned by digest"),
     (dict(lmcache_eviction_policy="LFU"), "lmcache_eviction_policy = 'LFU': not an LMCache eviction policy"),
+    (dict(lmcache_transfer_mode="cpu"), "lmcache_transfer_mode = 'cpu': not an LMCache transfer mode"),
     (dict(vllm_data_parallel_size=2, vllm_replicas=1), "data parallel is not for this layout"),
 ])
 def test_a_bad_replicas_inventory_is_refused_before_any_ssh(tmp_path, serve_vars, expect):
@@ -239,3 +240,14 @@ def test_recover_is_blocked_by_a_process_it_did_not_start_and_idle_when_all_is_w
     planned = R.decide(plan, _views(plan, _state([])), _state([]), "r1")
     assert planned.path == "short" and planned.steps[:3] == [
         "take r1 out of routing (railyard's drain list in the router)", "wait for r1's requests in flight", "stop r1"]
+
+
+def test_the_lmcache_transfer_mode_is_passed_only_when_set():
+    """LMCache 0.5.6's server serves only lmcache-driven (GPU) transfers unless told; vLLM's CPU build
+    registers engine-driven ones (seen in the lab: `No handler registered for operation
+    register_kv_cache_engine_driven_context`): `auto` serves both."""
+    _, plan = replicas_plan()
+    assert "--supported-transfer-mode" not in plan.service("lmcache").spec.command
+    _, plan = replicas_plan("lmcache_transfer_mode=auto")
+    cmd = plan.service("lmcache").spec.command
+    assert cmd[cmd.index("--supported-transfer-mode") + 1] == "auto"

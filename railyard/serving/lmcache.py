@@ -20,6 +20,7 @@ REGISTERED_LINE = "Registering kv caches"
 HEALTH_PATH = "/healthcheck"
 STATUS_PATH = "/status"
 EVICTION_POLICIES = ("LRU", "ARC", "IsolatedLRU", "noop")
+TRANSFER_MODES = ("lmcache_driven", "engine_driven", "auto")  # `lmcache server --supported-transfer-mode`
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class LmcacheConfig:
     chunk_size: int
     max_workers: int
     max_gpu_workers: int
+    transfer_mode: str
     extra_args: tuple[str, ...]
     extra_env: tuple[tuple[str, str], ...]
     shm_size: str
@@ -50,6 +52,7 @@ class LmcacheConfig:
                    eviction_ratio=v["lmcache_eviction_ratio"], chunk_size=int(v["lmcache_chunk_size"]),
                    max_workers=int(v["lmcache_max_workers"]),
                    max_gpu_workers=int(v["lmcache_max_gpu_workers"]) or replicas,
+                   transfer_mode=v["lmcache_transfer_mode"] or "",
                    extra_args=tuple(str(a) for a in v["lmcache_extra_args"]),
                    extra_env=tuple((str(k), str(x)) for k, x in v["lmcache_extra_env"].items()),
                    shm_size=v["lmcache_shm_size"], start_timeout_s=float(v["lmcache_start_timeout_s"]))
@@ -60,7 +63,8 @@ def server_command(c: LmcacheConfig) -> tuple[str, ...]:
             "--http-port", str(c.http_port), "--l1-size-gb", f"{c.l1_size_gb:g}", "--eviction-policy",
             c.eviction_policy, "--eviction-trigger-watermark", f"{c.eviction_trigger_watermark:g}",
             "--eviction-ratio", f"{c.eviction_ratio:g}", "--chunk-size", str(c.chunk_size),
-            "--max-workers", str(c.max_workers), "--max-gpu-workers", str(c.max_gpu_workers)) + c.extra_args
+            "--max-workers", str(c.max_workers), "--max-gpu-workers", str(c.max_gpu_workers)) + (
+                ("--supported-transfer-mode", c.transfer_mode) if c.transfer_mode else ()) + c.extra_args
 
 
 def kv_transfer_config(c: LmcacheConfig) -> str:

@@ -298,7 +298,9 @@ class Pd:
         if devices == "auto":
             devices = ",".join(f"{r.hca}:1" for r in h.rails.values())
         name = f"{pool}-{number}" + (f"-node{node}" if node else "")
-        kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": ROLE[pool]}, separators=(",", ":"))
+        kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": ROLE[pool],
+                         **({"kv_buffer_device": v["pd_kv_buffer_device"]} if v["pd_kv_buffer_device"] else {})},
+                        separators=(",", ":"))
         group_args: list = []
         if span > 1:
             group_args = ["--data-parallel-size-local", str(local), "--data-parallel-address", HEAD_ADDR,

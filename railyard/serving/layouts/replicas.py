@@ -19,7 +19,7 @@ from ...inventory import IMAGE_RE, Host, Inventory, origin_of
 from ..hostfacts import HostFacts, on_host
 from ..litellm import CONFIG_TARGET, LIVE_PATH, MASTER_KEY_TARGET, READY_PATH, Backend, LitellmConfig, config_yaml, \
     drain_module, proxy_command
-from ..lmcache import EVICTION_POLICIES, HEALTH_PATH, LmcacheConfig, kv_transfer_config, server_command
+from ..lmcache import EVICTION_POLICIES, HEALTH_PATH, TRANSFER_MODES, LmcacheConfig, kv_transfer_config, server_command
 from ..lmcache import READY_LINE as LMCACHE_READY
 from ..lmcache import REGISTERED_LINE
 from ..spec import ContainerSpec, Endpoint, File, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service, Stage, \
@@ -81,6 +81,8 @@ class Replicas:
             bad("lmcache_image", 'must be "" (the vLLM image) or pinned by digest: name:tag@sha256:<64 hex>')
         if v["lmcache_eviction_policy"] not in EVICTION_POLICIES:
             bad("lmcache_eviction_policy", f"not an LMCache eviction policy ({', '.join(EVICTION_POLICIES)})")
+        if v["lmcache_transfer_mode"] and v["lmcache_transfer_mode"] not in TRANSFER_MODES:
+            bad("lmcache_transfer_mode", f'not an LMCache transfer mode ("", {", ".join(TRANSFER_MODES)})')
         if not v["lmcache_l1_size_gb"] > 0:
             bad("lmcache_l1_size_gb", "must be more than 0 (GB of host memory for KV blocks)")
         seed = v["vllm_hash_seed"]
