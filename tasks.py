@@ -168,15 +168,19 @@ def nccl_check(c, inventory=None, sizes=None, timeout=None, json=False, set_=Non
     cli.nccl_check(inventory, sizes, _num(timeout, "--timeout"), json, set_)
 
 
-@task(name="up", help={"hosts": "number of test hosts (A, B, C, ...); default 2",
+@task(name="up", help={"hosts": "number of test hosts (A, B, C, ...); default 2, or what --layout needs",
                        "shape": "station (a DGX Station: GB300 + display GPU, 2 rails; default) or hgx8 "
                                 "(8 GPUs on 2 NUMA nodes, 8 rails); another shape rebuilds the lab",
                        "gpu": "the GPUs of an hgx8 host: H200 (default) or B200",
                        "slurm": "also a real Slurm cluster over the hosts (munged, slurmctld, a slurmd per host; "
-                                "clients: SLURM_CONF=<lab>/slurm/slurm.conf)"})
-def lab_up(c, hosts=2, shape="station", gpu="H200", slurm=False):
+                                "clients: SLURM_CONF=<lab>/slurm/slurm.conf)",
+                       "engine": "what serves: vllm (the real vLLM, its CPU build; the default) or stand-in "
+                                 "(the lab's own; kept until changed)",
+                       "layout": "write the lab inventory for this serve_layout on the hosts it needs: multinode_tp "
+                                 "(2 stations), single_node_tp, dp_ep, replicas (1 hgx8 host), pd (2 hgx8 hosts)"})
+def lab_up(c, hosts=None, shape=None, gpu="H200", slurm=False, engine=None, layout=None):
     """Start the lab: N test hosts as network namespaces with sshd, rails and simulated GPU tools."""
-    cli.lab_up(int(hosts), shape, gpu, slurm)
+    cli.lab_up(None if hosts is None else cli.number(hosts, "--hosts"), shape, gpu, slurm, engine, layout)
 
 
 @task(name="down")
@@ -203,11 +207,11 @@ def lab_heal(c, host=""):
     cli.lab_heal(host or None)
 
 
-@task(name="checkpoint", help={"size-gb": "total size of the shards in GB (default 0.5)",
-                               "shards": "number of safetensors shards (default 10)",
+@task(name="checkpoint", help={"size-gb": "total size of the padding shards in GB (default 0.5)",
+                               "shards": "number of padding safetensors shards, which the engine ignores (default 10)",
                                "host": "where to write it (default: the head, A)"})
 def lab_checkpoint(c, size_gb=0.5, shards=10, host=None):
-    """Write a fake checkpoint (random safetensors shards, real-shaped config and index) on the head."""
+    """Write the lab checkpoint on the head: the lab's real tiny model (the MoE one for dp_ep) and padding shards."""
     cli.lab_checkpoint(float(size_gb), int(shards), host)
 
 

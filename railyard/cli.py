@@ -502,9 +502,11 @@ def _size(n: int) -> str:
 # ---------------------------------------------------------------- lab
 
 @entry
-def lab_up(hosts: int = 2, shape: str = "station", gpu: str = "H200", slurm: bool = False) -> int:
+def lab_up(hosts: int | None = None, shape: str | None = None, gpu: str = "H200", slurm: bool = False,
+           engine: str | None = None, layout: str | None = None) -> int:
     from . import lab
-    path = lab.up(hosts, log=lambda m: print(m, file=sys.stderr), shape=shape, gpu=gpu, slurm=slurm)
+    path = lab.up(hosts, log=lambda m: print(m, file=sys.stderr), shape=shape, gpu=gpu, slurm=slurm, engine=engine,
+                  layout=layout)
     print(path)
     return 0
 
@@ -540,9 +542,10 @@ def lab_checkpoint(size_gb: float = 0.5, shards: int = 10, host: str | None = No
         raise UsageError(f"--size-gb {size_gb} --shards {shards}: size must be > 0 and shards 1..100000")
     root = lab.lab_dir()
     h = lab.lab_host(root, host or lab.hosts_of(root)[0].name)
-    target = h.home / "models" / "GLM-5.3-NVFP4"
-    out = write_checkpoint(target, size_gb, shards)
-    print(f"{h.name}: wrote {out['files']} files, {out['bytes'] / 1e9:.2f} GB of shards, at ~/models/GLM-5.3-NVFP4")
+    layout = lab.lab_layout(root)
+    where = lab.lab_model_path(layout)  # ~/models/..., the lab inventory's model_path
+    out = write_checkpoint(h.home / where.removeprefix("~/"), size_gb, shards, kind=lab.model_kind(layout))
+    print(f"{h.name}: wrote {out['files']} files, {out['bytes'] / 1e9:.2f} GB of shards, at {where}")
     return 0
 
 

@@ -125,8 +125,9 @@ def test_manifest_script_on_a_real_tree(tmp_path):
     assert second["cache"]["hashed"] == 0 and second["files"] == first["files"]
     assert (root / ".cache" / "railyard" / "digests.json").exists()
     mf = parse_manifest("A", json.dumps(second))
-    assert mf.index["shards"] == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
-    assert mf.config["architectures"] == ["GlmMoeDsaForCausalLM"]
+    assert mf.index["shards"] == ["model.safetensors"]  # the index names the model's weights, not the padding
+    assert {f"lab-padding-0000{i}-of-00003.safetensors" for i in (1, 2, 3)} <= set(mf.files)
+    assert mf.config["architectures"] == ["Qwen3ForCausalLM"]
     assert run("content", "--rehash")["cache"]["hashed"] == len(first["files"])
 
 
@@ -160,10 +161,10 @@ def test_a_hugging_face_cache_snapshot_is_a_checkpoint_read_through_its_links(tm
                                     capture_output=True, text=True, check=True).stdout)
     files = doc["files"]
     assert "config.json" in files and "original/params v2 (draft).json" in files and "dangling.safetensors" not in files
-    shard = "model-00001-of-00002.safetensors"
-    assert files[shard]["size"] == (snap / shard).stat().st_size
-    assert files[shard]["sha256"] == hashlib.sha256((snap / shard).read_bytes()).hexdigest()
-    assert doc["config"]["architectures"] == ["GlmMoeDsaForCausalLM"]
+    for shard in ("model.safetensors", "lab-padding-00001-of-00002.safetensors"):
+        assert files[shard]["size"] == (snap / shard).stat().st_size
+        assert files[shard]["sha256"] == hashlib.sha256((snap / shard).read_bytes()).hexdigest()
+    assert doc["config"]["architectures"] == ["Qwen3ForCausalLM"]
 
 
 def test_rsync_copies_the_files_a_link_points_to():

@@ -67,6 +67,15 @@ SIM_TOOLS = ("ibdev2netdev", "show_gids", "nvidia-smi", "lscpu", "timedatectl", 
 HOST_TOOLS = ("vllm",)  # installed on the host itself (outside containers) where the shape says so
 SIM_SOURCE = Path(__file__).parent / "sim" / "tools.py"
 VLLM_SOURCE = Path(__file__).parent / "sim" / "vllm.py"
+ENGINE_SOURCE = Path(__file__).parent / "sim" / "engine.py"  # the real engine inside the GPU layer
+ENGINES = ("vllm", "stand-in")
+DEFAULT_ENGINE = "vllm"
+MODEL_KINDS = ("dense", "moe")  # the lab's real models (tinymodel.py): dense for every layout, moe for dp_ep
+MODEL_SEED = 0
+# where a container sees a bind outside /tmp and /run (the checkpoint at /model): a lab host's
+# filesystem is this machine's, so lab.up makes the empty mount point, each container mounts over
+# it in its own mount namespace, and lab.down removes what lab.up made
+MOUNTPOINTS = ("/model",)
 LITELLM_SOURCE = Path(__file__).parent / "sim" / "litellm.py"
 LMCACHE_CLIENT_SOURCE = Path(__file__).parent / "sim" / "lmcache_client.py"
 NIXL_SOURCE = Path(__file__).parent / "sim" / "nixl.py"  # the stand-in's NixlConnector (image/lib/nixl_sim.py)
@@ -397,14 +406,24 @@ def lab_host(root: Path, name: str) -> LabHost:
 
 # ---------------------------------------------------------------- up / down
 
-def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAPE, gpu: str = "H200",
-       slurm: bool = False) -> Path:
+def up(n: int | None = None, path: str | None = None, log=print, shape: str | None = None, gpu: str = "H200",
+       slurm: bool = False, engine: str | None = None, layout: str | None = None) -> Path:
     """Bring up N hosts of one shape (idempotent) and return the lab inventory's path. `gpu` is the
     GPU model of an hgx8 host (H200 or B200); a station always has its GB300. Another size or shape
     rebuilds the lab; another GPU model only rewrites what the hosts' tools report. slurm: a Slurm
-    cluster over the hosts too (railyard.lab.slurm; clients need SLURM_CONF=<lab>/slurm/slurm.conf)."""
+    cluster over the hosts too (railyard.lab.slurm; clients need SLURM_CONF=<lab>/slurm/slurm.conf).
+    engine: what the lab image's `vllm` is, `vllm` (the real engine, CPU build) or `stand-in`; None
+    keeps the lab's (the real engine on a new lab). Containers already running keep theirs.
+    layout: write the inventory for that serve_layout, on the hosts it needs (LAYOUTS); None: the
+    shape's own (two stations: multinode_tp; hgx8 hosts: single_node_tp)."""
+    if layout is not None:
+        shape, n = check_layout(layout, shape, n)
+    shape = shape or DEFAULT_SHAPE
+    n = 2 if n is None else n
     if not 1 <= n <= MAX_HOSTS:
         raise UsageError(f"--hosts {n}: must be between 1 and {MAX_HOSTS}")
+    if engine is not None and engine not in ENGINES:
+        raise UsageError(f"--engine {engine}: one of {', '.join(ENGINES)}")
     check_shape(shape, gpu)
     _requirements()
     root = lab_dir(path)
@@ -422,22 +441,28 @@ def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAP
     names = host_names(n)
     state = state or {"hosts": names, "bridges": list(bridges_of(shape).values()), "created": time.time()}
     state["shape"], state["gpu"] = shape, gpu_model_of(shape, gpu)
-    _save_state(root, state)
+    state["engine"] = engine or state.get("engine", DEFAULT_ENGINE)
+    state["layout"] = layout or SHAPE_LAYOUT[shape]
     hosts = [LabHost(name, i + 1, root, shape) for i, name in enumerate(names)]
 
     from . import components
-    components.ensure_all(log)  # the real LMCache, LiteLLM and vllm-router (minutes the first time, then instant)
+    components.ensure_all(log)  # the real vLLM, LMCache, LiteLLM and vllm-router (minutes the first time, then instant)
+    for kind in MODEL_KINDS:
+        components.model(kind, MODEL_SEED, log)
+    _ensure_mountpoints(state)
+    _save_state(root, state)
     _sweep_shm()
     _ensure_keys(root, hosts)
-    _install_sims(root, hosts, gpu)
+    _install_sims(root, hosts, gpu, state["engine"])
     _ensure_bridges(shape)
     for h in hosts:
         _ensure_host_net(h)
         _ensure_anchor(h)
+        _sweep_shm(Path(f"/proc/{anchor_pid(h)}/root/dev/shm"))  # the host's own /dev/shm
     _write_known_hosts(root, hosts)
     procs = [_start_sshd(h) for h in hosts]
     _wait_sshd(hosts, procs)
-    inv = _write_inventory(root, hosts, gpu)
+    inv = _write_inventory(root, hosts, gpu, state["engine"], state["layout"])
     if slurm:
         from . import slurm as slurm_lab
         gpus = {h.name: sum(not g["display"] for g in host_shape(shape, gpu, h.name)["gpus"]) for h in hosts}
@@ -445,6 +470,14 @@ def up(n: int = 2, path: str | None = None, log=print, shape: str = DEFAULT_SHAP
                      lambda h: ["nsenter", "-t", str(anchor_pid(h)), "-n", "-m", "-u", "--"])
         log(f"lab: Slurm up: {len(hosts)} idle nodes; SLURM_CONF={slurm_lab.conf_path(root)}")
     return inv
+
+
+def _ensure_mountpoints(state: dict) -> None:
+    made = state.setdefault("mountpoints", [])
+    for d in MOUNTPOINTS:
+        if not os.path.exists(d):
+            os.mkdir(d, 0o755)
+            made.append(d)
 
 
 _SHM_OF_PID = re.compile(r"^lmcache_kv_(\d+)_\d+$")  # LMCache's CPU KV segments: /lmcache_kv_<pid>_<n>
@@ -503,6 +536,11 @@ def down(path: str | None = None, log=print) -> None:
         if _link_exists(br):
             sh("ip", "link", "del", br, check=False)
     shutil.rmtree(root, ignore_errors=True)
+    for d in state.get("mountpoints", []):
+        try:
+            os.rmdir(d)  # only the empty mount point lab.up made
+        except OSError:
+            pass
     _sweep_shm()
     log(f"lab: removed {len(hosts)} hosts and {root}")
 
@@ -543,20 +581,27 @@ def _install_compiled(source: Path, program: Path) -> None:
     os.chmod(program, 0o755)
 
 
-def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200") -> None:
+def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200", engine: str = "vllm") -> None:
     sim = root / "sim" / "tools.py"
     sim.parent.mkdir(exist_ok=True)
     _install_compiled(SIM_SOURCE, sim)
     # the pinned image's content, as far as the lab's containers need it: `vllm` and nvidia.nccl
     image = root / "sim" / "image"
     (image / "bin").mkdir(parents=True, exist_ok=True)
-    vtext = VLLM_SOURCE.read_text()
-    (image / "bin" / "vllm").write_text(f"#!{SYSTEM_PYTHON} -SI\n" + vtext.split("\n", 1)[1])
-    os.chmod(image / "bin" / "vllm", 0o755)
+    (image / "lib").mkdir(exist_ok=True)
+    # the image's `vllm`: the real engine with the lab's GPU layer around it (sim/engine.py), or the
+    # stand-in (sim/vllm.py), which also provides that GPU layer and the NCCL probe's stand-in
+    standin = image / "lib" / "vllm_standin.py"
+    standin.write_text(f"#!{SYSTEM_PYTHON} -SI\n" + VLLM_SOURCE.read_text().split("\n", 1)[1])
+    chosen = ENGINE_SOURCE if engine == "vllm" else VLLM_SOURCE
+    tmp = image / "bin" / ".vllm.new"
+    tmp.write_text(f"#!{SYSTEM_PYTHON} -SI\n" + chosen.read_text().split("\n", 1)[1])
+    os.chmod(tmp, 0o755)
+    tmp.replace(image / "bin" / "vllm")
     # the image's python3: real, except for railyard's NCCL probe, which needs a GPU and PyTorch
     (image / "bin" / "python3").write_text(
-        "#!/bin/sh\ncase \"$1\" in */nccl_probe.py) shift; exec " + SYSTEM_PYTHON + " -SI \"$(dirname \"$0\")/vllm\" "
-        "--railyard-probe \"$@\";; esac\nexec " + SYSTEM_PYTHON + " \"$@\"\n")
+        "#!/bin/sh\ncase \"$1\" in */nccl_probe.py) shift; exec " + SYSTEM_PYTHON + " -SI \"$(dirname \"$0\")/../lib/"
+        "vllm_standin.py\" --railyard-probe \"$@\";; esac\nexec " + SYSTEM_PYTHON + " \"$@\"\n")
     os.chmod(image / "bin" / "python3", 0o755)
     nccl = image / "site" / "nvidia" / "nccl"
     (nccl / "lib").mkdir(parents=True, exist_ok=True)
@@ -571,7 +616,6 @@ def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200") -> None:
     ltext = LITELLM_SOURCE.read_text().replace("@LITELLM@", str(components.program("litellm")))
     (image / "bin" / "litellm").write_text(f"#!{SYSTEM_PYTHON} -SI\n" + ltext.split("\n", 1)[1])
     os.chmod(image / "bin" / "litellm", 0o755)
-    (image / "lib").mkdir(exist_ok=True)
     (image / "lib" / "lmcache_client.py").write_text(LMCACHE_CLIENT_SOURCE.read_text())
     (image / "lib" / "nixl_sim.py").write_text(NIXL_SOURCE.read_text())
     # the real vLLM router (the router image's program); its own venv, nothing of the image's site dir
@@ -581,7 +625,8 @@ def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200") -> None:
     _build_memlock_shim(root / "sim")
     config = {"lab_dir": str(root), "image": LAB_IMAGE_NAME, "image_digest": LAB_IMAGE_DIGEST,
               "images": {name: i["config"] for name, i in LAB_IMAGES.items()},
-              "lmcache_python": str(components.venv("lmcache") / "bin" / "python")}
+              "lmcache_python": str(components.venv("lmcache") / "bin" / "python"),
+              "engine": engine, "engine_vllm": str(components.program("vllm"))}
     (root / "sim" / "lab.json").write_text(json.dumps(config))
     for h in hosts:
         removed = set(json.loads((h.state / "missing-tools.json").read_text())) \
@@ -659,10 +704,13 @@ def _ensure_host_net(h: LabHost) -> None:
 
 
 def _ensure_anchor(h: LabHost) -> None:
-    """A process that holds the host's private mount + UTS namespace (home over /root, hostname)."""
+    """A process that holds the host's private mount + UTS namespace (home over /root, hostname, and
+    a /dev/shm of its own: processes of two real hosts never share POSIX shared memory, and vLLM
+    takes two ranks that see one segment for ranks of one node)."""
     if _pid_alive(_read_pid(h.anchor_pid_file)):
         return
     script = (f"mount --bind {h.home} /root && hostname {h.name} && "
+              f"mount -t tmpfs -o mode=1777,nosuid,nodev railyard-shm /dev/shm && "
               f"mkdir -p /run/sshd && exec sleep infinity")
     p = subprocess.Popen(["ip", "netns", "exec", h.ns, "unshare", "-m", "-u", "--propagation", "private",
                           "/bin/sh", "-c", script], start_new_session=True,
@@ -805,8 +853,95 @@ def _write_known_hosts(root: Path, hosts: list[LabHost]) -> None:
             kh.write_text("\n".join(entries) + "\n")
 
 
-def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200") -> Path:
+# The lab checkpoint (checkpoint.py: the real tiny model, tinymodel.py) and how it is served. The
+# role defaults are the GLM-5 reference on GPUs; the lab's model is a tiny dense Qwen3 that the CPU
+# build serves: no MTP head, no GLM tool or reasoning parser, no FP8 KV cache (this CPU has no
+# AVX-512: "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"), no CUDA graphs or kernels;
+# --enforce-eager starts an engine in about 45 s instead of 60-105 s of torch.compile on 2 cores.
+LAB_MODEL = {"model_repo": "railyard-lab/tiny-qwen3", "model_path": "~/models/tiny-qwen3", "model_size_gb": 1,
+             "model_architectures": ["Qwen3ForCausalLM"], "model_quant_algo": ""}
+LAB_SERVING = {"vllm_kv_cache_dtype": "auto", "vllm_max_model_len": 8192, "vllm_speculative_config": None,
+               "vllm_tool_call_parser": None, "vllm_reasoning_parser": None, "vllm_kernel_config": None,
+               "vllm_compilation_config": None, "vllm_block_size": None, "vllm_extra_args": ["--enforce-eager"],
+               # the CPU build's KV cache: 1 GiB per engine worker (unset, each takes a share of the machine)
+               "vllm_extra_env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
+# the two stations' reference switches, less --enable-auto-tool-choice (it needs a tool-call parser)
+STATION_FLAGS = ["--trust-remote-code", "--disable-custom-all-reduce", "--enable-prefix-caching",
+                 "--enable-prompt-tokens-details"]
+# What each layout needs of the lab (`inv lab.up --layout L`): its hosts and their shape
+LAYOUTS = {"multinode_tp": ("station", 2), "single_node_tp": ("hgx8", 1), "dp_ep": ("hgx8", 1),
+           "replicas": ("hgx8", 1), "pd": ("hgx8", 2)}
+SHAPE_LAYOUT = {"station": "multinode_tp", "hgx8": "single_node_tp"}  # a shape's layout without --layout
+# The real engine's share of an hgx8 host: 2 of its 8 GPUs (each GPU is an engine worker process on
+# this machine's two cores: all 8 would be 8 workers and 16 GB). The stand-in takes the layouts'
+# own sizes (8 GPUs).
+REAL_HGX8 = {
+    "single_node_tp": {"cluster_gpus_per_host": 2, "vllm_tensor_parallel_size": 2},
+    "dp_ep": {"cluster_gpus_per_host": 2, "vllm_tensor_parallel_size": 1, "vllm_data_parallel_size": 2},
+    "replicas": {"cluster_gpus_per_host": 2, "vllm_replicas": 2, "vllm_tensor_parallel_size": 1},
+    # one prefill and one decode instance of one DP rank; NIXL's KV buffer in host memory (no GPU
+    # memory), over UCX's TCP transport on the serve rail (the lab has no RDMA device for rc_mlx5)
+    "pd": {"pd_prefill_defaults": {"vllm_data_parallel_size": 1}, "pd_decode_defaults": {"vllm_data_parallel_size": 1},
+           "pd_kv_buffer_device": "cpu", "pd_ucx_tls": "tcp,self,sm", "pd_ucx_net_devices": SHAPES["hgx8"]["serve_rail"]},
+}
+# dp_ep needs experts: the lab's MoE model (tinymodel.py, kind moe)
+MOE_MODEL = {"model_repo": "railyard-lab/tiny-qwen3-moe", "model_path": "~/models/tiny-qwen3-moe",
+             "model_architectures": ["Qwen3MoeForCausalLM"]}
+
+
+def model_kind(layout: str) -> str:
+    return "moe" if layout == "dp_ep" else "dense"
+
+
+def lab_model_path(layout: str) -> str:
+    return (MOE_MODEL if layout == "dp_ep" else LAB_MODEL)["model_path"]
+
+
+def lab_layout(root: Path) -> str:
+    """The layout the lab's inventory was written for."""
+    state = _load_state(root) or {}
+    return state.get("layout") or SHAPE_LAYOUT[state.get("shape", DEFAULT_SHAPE)]
+
+
+def check_layout(layout: str, shape: str | None, n: int | None) -> tuple[str, int]:
+    """The shape and host count of a lab for this layout (a larger --hosts for the multi-host ones)."""
+    if layout not in LAYOUTS:
+        raise UsageError(f"--layout {layout}: one of {', '.join(LAYOUTS)}")
+    want_shape, want_n = LAYOUTS[layout]
+    if shape not in (None, want_shape):
+        raise UsageError(f"--layout {layout} runs on {want_shape} hosts, not --shape {shape}")
+    if n is not None and (n < want_n or (want_n == 1 and n != 1)):
+        raise UsageError(f"--layout {layout} needs {'exactly' if want_n == 1 else 'at least'} {want_n} host(s), "
+                         f"not --hosts {n}")
+    return want_shape, n or want_n
+
+
+def _layout_vars(layout: str, engine: str, hosts: list[LabHost]) -> dict:
+    if layout == "multinode_tp":  # a station serves on its one GB300, one rank per host
+        return {"vllm_tensor_parallel_size": len(hosts), "vllm_flags": STATION_FLAGS}
+    out = {"serve_layout": layout, **(REAL_HGX8[layout] if engine == "vllm" else {})}
+    if layout == "dp_ep":
+        out.update(MOE_MODEL)
+    if layout == "replicas" and engine == "vllm":
+        # LMCache 0.5.6's server serves only GPU (lmcache-driven) transfers by default; the CPU
+        # engine's connector asks for engine-driven ones: `auto` serves both
+        out["lmcache_transfer_mode"] = "auto"
+    return out
+
+
+def _layout_groups(layout: str, hosts: list[LabHost]) -> dict:
+    if layout == "multinode_tp":
+        return {}
+    if layout == "pd":  # the last host decodes, the others prefill; the proxy on the first
+        return {"prefill": {"vars": {"pd_instances_per_host": 1}, "hosts": {h.name: None for h in hosts[:-1]}},
+                "decode": {"vars": {"pd_instances_per_host": 1}, "hosts": {hosts[-1].name: None}}}
+    return {"serve": {"hosts": {hosts[0].name: None}}}
+
+
+def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200", engine: str = DEFAULT_ENGINE,
+                     layout: str | None = None) -> Path:
     shape = hosts[0].shape
+    layout = layout or SHAPE_LAYOUT[shape]
     inv = {
         "all": {
             "vars": {
@@ -815,11 +950,10 @@ def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200") -> Pat
                 "ssh_known_hosts": "known_hosts",
                 "cluster_serve_rail": SHAPES[shape]["serve_rail"],
                 "cluster_gpu_name": gpu_model_of(shape, gpu),
-                "model_repo": "nvidia/GLM-5.3-NVFP4",
+                **LAB_MODEL,
                 "model_revision": hashlib.sha1(b"railyard lab checkpoint").hexdigest(),
-                "model_path": "~/models/GLM-5.3-NVFP4",
-                "model_size_gb": 4,
                 "vllm_image": f"{LAB_IMAGE_NAME}@{LAB_IMAGE_DIGEST}",
+                **LAB_SERVING,
                 # serve_layout replicas on this machine: a small LMCache L1 (it allocates all of it at
                 # start on a CPU), one LiteLLM worker (~380 MB each), a short health-check interval
                 **({"litellm_image": f"{LITELLM_IMAGE_NAME}@{LITELLM_IMAGE_DIGEST}", "lmcache_l1_size_gb": 0.25,
@@ -830,10 +964,7 @@ def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200") -> Pat
                 # veth links report 10000Mb/s; real ConnectX-8 rails report 400000
                 "preflight_link_speed_mbps": 10000,
                 "preflight_disk_margin_gb": 1,
-                # a station serves on its one GB300, one rank per host (multinode_tp); an hgx8 host
-                # serves on its 8 GPUs (the one-host layouts, on the host of the group `serve`)
-                **({"vllm_tensor_parallel_size": len(hosts)} if shape == "station" else
-                   {"serve_layout": "single_node_tp", "cluster_gpus_per_host": len(host_shape(shape, gpu, "")["gpus"])}),
+                **_layout_vars(layout, engine, hosts),
             },
             "children": {
                 "lab": {
@@ -845,12 +976,13 @@ def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200") -> Pat
                         } for h in hosts
                     }
                 },
-                **({"serve": {"hosts": {hosts[0].name: None}}} if shape != "station" else {}),
+                **_layout_groups(layout, hosts),
             },
         }
     }
     path = root / "inventory.yml"
-    path.write_text("# Written by `inv lab.up`: the lab's test hosts. Regenerated on every lab.up.\n"
+    path.write_text(f"# Written by `inv lab.up`: the lab's test hosts, for serve_layout {layout} on the "
+                    f"{'real vLLM' if engine == 'vllm' else 'stand-in'} engine. Regenerated on every lab.up.\n"
                     + yaml.safe_dump(inv, sort_keys=False))
     return path
 

@@ -1,46 +1,64 @@
-"""A fake checkpoint for the lab: random safetensors shards plus a real-shaped config and index.
+"""The lab checkpoint: the lab's real model (railyard/lab/tinymodel.py), plus padding shards for size.
 
-Each shard is a valid safetensors file (8-byte header length, JSON header, data) holding
-one U8 tensor of random bytes; `model.safetensors.index.json` maps a few tensor names to
-every shard; `config.json` carries the fields sync-model checks (`architectures`,
-`quantization_config.quant_algo`) and the attention and MoE fields `inv plan` reads. A `.cache/huggingface/` directory is added, as
-`hf download --local-dir` leaves one, to prove it is never copied or compared. The tokenizer
-is a real one (built offline by railyard/lab/tokenizer/build.py), so that AIPerf can make prompts.
+The model (config.json, generation_config.json, model.safetensors, the tokenizer with its chat
+template) is the one the real vLLM serves; `model.safetensors.index.json` maps every one of its
+tensors to model.safetensors, as a sharded checkpoint's index does. The padding shards
+(`lab-padding-00001-of-000NN.safetensors`: valid safetensors files, one U8 tensor of random bytes)
+make the checkpoint as large as a copy test needs; the index names none of them, so the engine
+loads none (vLLM keeps only the files its index names) while sync-model copies and proves them
+like any shard. A `.cache/huggingface/` directory is added, as `hf download --local-dir` leaves
+one, to prove it is never copied or compared.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import struct
 from pathlib import Path
 
 CHUNK = 64 << 20
-TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json")
 
 
 def shard_name(i: int, n: int) -> str:
-    return f"model-{i:05d}-of-{n:05d}.safetensors"
+    return f"lab-padding-{i:05d}-of-{n:05d}.safetensors"
 
 
-def write_checkpoint(root: Path, size_gb: float, shards: int, seed: int = 53) -> dict:
-    """Write the checkpoint under root (created); returns {"files": n, "bytes": total}."""
+def tensor_names(path: Path) -> list[str]:
+    """The tensor names of a safetensors file, from its header (8-byte length, then JSON)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    return sorted(k for k in header if k != "__metadata__")
+
+
+def write_checkpoint(root: Path, size_gb: float, shards: int, seed: int = 53, kind: str = "dense",
+                     model_seed: int | None = None) -> dict:
+    """Write the checkpoint under root (created): the lab model of that kind (and model_seed: the
+    lab's own unless given) and `shards` padding shards of size_gb in all; returns {"files": n,
+    "bytes": total} (the bytes of every shard, the model's included)."""
+    from . import MODEL_SEED
+    from .components import model
     if shards < 1:
         raise ValueError("shards must be >= 1")
+    src = model(kind, MODEL_SEED if model_seed is None else model_seed)
     root.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        shutil.copyfile(src / name, root / name)
+    weights = root / "model.safetensors"
+    total = weights.stat().st_size
+    (root / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": {t: weights.name for t in tensor_names(weights)}}, indent=2))
     rng = random.Random(seed)
     per = max(1, int(size_gb * 1e9 / shards))
-    weight_map = {}
-    total = 0
     for i in range(1, shards + 1):
-        name = shard_name(i, shards)
-        tensors = {f"model.layers.{i - 1}.mlp.experts.weight_packed": None}
-        header = {k: {"dtype": "U8", "shape": [per], "data_offsets": [0, per]} for k in tensors}
-        header["__metadata__"] = {"format": "pt"}
+        header = {"padding": {"dtype": "U8", "shape": [per], "data_offsets": [0, per]}, "__metadata__": {"format": "pt"}}
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        with open(root / name, "wb") as f:
+        with open(root / shard_name(i, shards), "wb") as f:
             f.write(struct.pack("<Q", len(raw)))
             f.write(raw)
             left = per
@@ -49,29 +67,7 @@ def write_checkpoint(root: Path, size_gb: float, shards: int, seed: int = 53) ->
                 f.write(rng.randbytes(n))
                 left -= n
         total += per
-        for k in tensors:
-            weight_map[k] = name
-        weight_map[f"model.layers.{i - 1}.input_layernorm.weight"] = name
-    (root / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
-    (root / "config.json").write_text(json.dumps({  # GLM-5's attention and MoE fields, one layer per shard
-        "architectures": ["GlmMoeDsaForCausalLM"],
-        "model_type": "glm_moe_dsa",
-        "hidden_size": 6144,
-        "num_hidden_layers": shards,
-        "num_attention_heads": 64, "num_key_value_heads": 64, "kv_lora_rank": 512, "q_lora_rank": 2048,
-        "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256, "index_head_dim": 128,
-        "index_n_heads": 32, "index_topk": 2048, "n_routed_experts": 256, "num_experts_per_tok": 8,
-        "moe_intermediate_size": 2048, "intermediate_size": 12288, "vocab_size": 154880,
-        "first_k_dense_replace": 0, "num_nextn_predict_layers": 0,
-        "torch_dtype": "bfloat16",
-        "quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
-                                "kv_cache_quant_algo": "FP8"},
-    }, indent=2))
-    (root / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 1.0}))
-    for name in TOKENIZER_FILES:  # the lab's small real tokenizer (railyard/lab/tokenizer), for AIPerf and the stand-in
-        (root / name).write_bytes((TOKENIZER_DIR / name).read_bytes())
     cache = root / ".cache" / "huggingface"
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "download.lock").write_text("lab\n")
-    return {"files": shards + 3 + len(TOKENIZER_FILES), "bytes": total}
+    return {"files": len(MODEL_FILES) + 1 + shards, "bytes": total}

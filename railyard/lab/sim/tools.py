@@ -1325,8 +1325,9 @@ def _limits(cfg):
 
 def _private_tmp(name, argv):
     """Run argv in a private mount namespace with the container's own /tmp and its bind volumes
-    under /tmp and /run mounted for real (a tmpfs over /run, as a container has its own). Binds
-    to paths that cannot be made on a lab host (/model at the root) are resolved by the stand-in."""
+    under /tmp and /run mounted for real (a tmpfs over /run, as a container has its own), and those
+    elsewhere onto the mount points lab.up made (/model); a missing host path is made, as docker
+    makes it. Binds to other paths, which cannot be made on a lab host, are resolved by the stand-in."""
     cfg = _load(name)
     tmp = os.path.join(_cdir(name), "rootfs", "tmp")
     steps = ['mount --bind "$0" /tmp']
@@ -1336,6 +1337,11 @@ def _private_tmp(name, argv):
         src, dst = parts[0], parts[1]
         ro = len(parts) > 2 and "ro" in parts[2].split(",")
         if not (dst.startswith("/run/") or dst.startswith("/tmp/")):
+            if os.path.isdir(dst) and os.path.dirname(dst.rstrip("/")) == "/":
+                steps.append(f"mkdir -p {shlex.quote(src)}" if not os.path.exists(src) else "true")
+                steps.append(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}")
+                if ro:
+                    steps.append(f"mount -o remount,ro,bind {shlex.quote(dst)}")
             continue
         if dst.startswith("/run/") and not run_done:
             steps.append("mount -t tmpfs railyard-run /run")
