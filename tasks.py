@@ -68,11 +68,14 @@ TIMEOUT = "seconds to wait for `Application startup complete` and /health (defau
 
 @task(help={"inventory": INVENTORY, "rank-order": RANK_ORDER, "dry-run": "print the exact docker run per host; change nothing",
             "recreate": "replace containers that exist with another configuration (or stopped)",
-            "timeout": TIMEOUT, "rollback": "on failure, stop and remove what this launch started", "set": SET},
+            "timeout": TIMEOUT, "rollback": "on failure, stop and remove what this launch started",
+            "json": JSON + " (the live table goes to stderr)", "set": SET},
       iterable=["set_"])
-def launch(c, inventory=None, rank_order=None, dry_run=False, recreate=False, timeout=None, rollback=False, set_=None):
-    """Start the layout's services stage by stage, gated, until its endpoint serves /health."""
-    cli.launch(inventory, rank_order, dry_run, recreate, _num(timeout, "--timeout"), rollback, set_)
+def launch(c, inventory=None, rank_order=None, dry_run=False, recreate=False, timeout=None, rollback=False, json=False,
+           set_=None):
+    """Start the layout's services stage by stage, gated, until its endpoint serves /health; then each vLLM
+    container's bring-up timeline (weights, KV cache, engine, API) beside the previous launch's."""
+    cli.launch(inventory, rank_order, dry_run, recreate, _num(timeout, "--timeout"), rollback, set_, json_out=json)
 
 
 @task(name="launch-script", help={"inventory": INVENTORY, "out": "write DIR/launch_server.sh (created if missing)",

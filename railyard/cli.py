@@ -172,8 +172,23 @@ def env(inventory: str | None = None, check: bool = False, overrides=None) -> in
     return 0
 
 
+def _print_timeline(rep, con) -> None:
+    from .report import timeline_table
+    if not rep.timeline:
+        return
+    con.print(timeline_table(rep.timeline))
+    if rep.timeline_previous:
+        con.print(f"previous launch: {rep.timeline_previous['written_at']} by {rep.timeline_previous['by']}",
+                  style="dim", markup=False)
+    if rep.timeline_file:
+        con.print(f"kept for the next launch: {rep.timeline_file}", style="dim", markup=False)
+    if rep.timeline_note:
+        con.print(rep.timeline_note, style="yellow", markup=False)
+
+
 def _print_launch(rep, con, what: str) -> int:
     from rich.text import Text
+    _print_timeline(rep, con)
     if rep.failure:
         con.print(Text(f"FAILED: {rep.failure}", style="bold red"))
         for host, text in rep.logs.items():
@@ -200,11 +215,14 @@ def _print_launch(rep, con, what: str) -> int:
 
 @entry
 def launch(inventory: str | None = None, rank_order: str | None = None, dry_run: bool = False, recreate: bool = False,
-           timeout: float | None = None, rollback: bool = False, overrides=None) -> int:
+           timeout: float | None = None, rollback: bool = False, overrides=None, json_out: bool = False) -> int:
     from .launch import launch as run
+    from .report import launch_report
     inv = _inventory(inventory, overrides)
-    con = console()
+    con = console(stderr=json_out)  # --json: the live table on stderr, the one document on stdout
     rep = run(inv, rank_order, dry_run, recreate, timeout, rollback, con)
+    if json_out:
+        return launch_report(rep, dry_run).print_json()
     if dry_run:
         from .ops.launch import describe
         for svc in rep.plan.services():

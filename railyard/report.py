@@ -392,6 +392,69 @@ def plan_report(plan_doc: dict) -> Report:
     return Report(checks, dict(keep), keep)
 
 
+def launch_report(rep, dry_run: bool = False) -> Report:
+    """launch: one `launch` check per service (pass: ready, or already running with this configuration; a
+    dry run: skip) or, when it failed, one fail naming the service; data: what ran, the gates' outcome and
+    the bring-up timeline of each vLLM container beside the previous launch's."""
+    plan = rep.plan
+    services = plan.by_rank() if plan else []
+    data = {"deployment": plan.deployment if plan else None, "layout": plan.layout if plan else None,
+            "dry_run": dry_run, "order": rep.order, "commands": rep.commands}
+    if dry_run:
+        checks = [CheckResult(s.host, "launch", SKIP, f"{s.name}: dry run: nothing started") for s in services]
+        return Report(checks, {**data, "hint": rep.hint or None})
+    if rep.failure:
+        checks = [CheckResult(rep.failed_rank or NO_HOST, "launch", FAIL, rep.failure, "", rep.hint)]
+    else:
+        checks = []
+        for s in services:
+            if rep.noop:
+                what = "already running with this configuration"
+            elif s.name in rep.started:
+                what = "started and ready"
+            else:
+                what = "kept (already running with this configuration) and ready"
+            gates = ", ".join(g.describe() for g in (s.started,) + tuple(s.ready))
+            checks.append(CheckResult(s.host, "launch", PASS, f"{s.name}: {what}", gates))
+    data.update({"started": rep.started, "kept": rep.kept, "noop": rep.noop, "ready_seconds":
+                 None if rep.ready_seconds is None else round(rep.ready_seconds, 2), "api": rep.api or None,
+                 "proof": rep.proof or None, "failure": rep.failure, "hint": rep.hint or None, "logs": rep.logs,
+                 "rolled_back": rep.rolled_back, "timeline": [t.as_dict() for t in rep.timeline],
+                 "timeline_file": rep.timeline_file or None, "timeline_previous": rep.timeline_previous,
+                 "timeline_note": rep.timeline_note or None})
+    return Report(checks, data)
+
+
+def _secs(v) -> str:
+    return "not seen" if v is None else f"{v:.1f} s"
+
+
+def timeline_table(timelines: list, title: str = "bring-up: seconds from the container's start "
+                                                 "(the previous launch's in brackets)") -> Table:
+    """One row per vLLM container: each milestone's time, `not seen`, or `n/a` where that rank has none."""
+    from .serving.vllm import MILESTONE_LABELS, MILESTONES
+    t = Table(title=title, title_justify="left")
+    for c in ("rank", "host", "service"):
+        t.add_column(c, no_wrap=True)
+    for m in MILESTONES:
+        t.add_column(MILESTONE_LABELS[m], justify="right", no_wrap=True)
+    t.add_column("notes", overflow="fold")
+    for tl in timelines:
+        cells = []
+        for m in MILESTONES:
+            if m in tl.not_applicable:
+                cells.append(Text("n/a", style="dim"))
+                continue
+            v = tl.seconds.get(m)
+            cell = Text(_secs(v), style="yellow" if v is None else "")
+            if tl.previous is not None:
+                cell.append(f" ({_secs(tl.previous.get(m)) if m in tl.previous else '-'})", style="dim")
+            cells.append(cell)
+        t.add_row("-" if tl.rank is None else str(tl.rank), tl.host, tl.service, *cells,
+                  Text(tl.error, style="yellow") if tl.error else "")
+    return t
+
+
 # ---------------------------------------------------------------- tables
 
 def checks_table(results: list[CheckResult], title: str) -> Table:
