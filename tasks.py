@@ -240,16 +240,18 @@ ns = Collection(preflight, trust_hosts, sync_model, env, launch, launch_script, 
                            "cache (default 8)",
             "dp-reserve-gib": "the same reserve for each dp_ep rank, if it differs (default: --reserve-gib)",
             "block-size": "KV block size (default: 64 for MLA, 16 otherwise)",
-            "mtp": "count the MTP layers' weights and KV (as with --speculative-config method=mtp)"},
+            "mtp": "count the MTP layers' weights and KV (as with --speculative-config method=mtp)",
+            "against-engine": "the running deployment instead: each engine's planned KV tokens beside the "
+                              "`GPU|CPU KV cache size` it printed, and the difference in percent"},
       iterable=["set_"])
 def plan(c, inventory=None, model=None, gpu_memory_gib=None, gpus=None, context=None, json=False,
          gpu_memory_utilization=None, kv_cache_dtype=None, reserve_gib=None, block_size=None, mtp=False,
-         dp_reserve_gib=None, set_=None):
+         dp_reserve_gib=None, set_=None, against_engine=False):
     """KV cache per GPU and per node under TP=N against DP attention + EP, from the checkpoint's own headers."""
     cli.plan(inventory, model, _num(gpu_memory_gib, "--gpu-memory-gib"), _int(gpus, "--gpus"),
              _int(context, "--context"), json, _num(gpu_memory_utilization, "--gpu-memory-utilization"),
              kv_cache_dtype, _num(reserve_gib, "--reserve-gib"), _int(block_size, "--block-size"), mtp,
-             _num(dp_reserve_gib, "--dp-reserve-gib"), set_)
+             _num(dp_reserve_gib, "--dp-reserve-gib"), set_, against_engine=against_engine)
 
 
 ns.add_task(plan)

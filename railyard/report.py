@@ -455,6 +455,50 @@ def timeline_table(timelines: list, title: str = "bring-up: seconds from the con
     return t
 
 
+def engine_kv_report(rows: list, model: str, assumptions: dict, tolerance_pct: float) -> Report:
+    """plan --against-engine: a `kv_vs_engine` check per engine core (a plan never fails: pass within the
+    tolerance, warn beyond it, when the engine printed no figure or the plan has none); `model`,
+    `assumptions` and `engines` in data and at the top level, as plan keeps its own."""
+    checks = []
+    for r in rows:
+        what = f"{r.service} DP{r.dp_rank} ({r.shape}, {r.device or 'device not seen'})"
+        ev = (f"{r.kv_bytes_per_token_per_rank} B per token per rank, block {r.block_size}, budget {r.budget}"
+              if r.kv_bytes_per_token_per_rank else "") + (f"; engine: {r.engine_line}" if r.engine_line else "")
+        if r.engine_tokens is None:
+            checks.append(CheckResult(r.host, "kv_vs_engine", WARN, f"{what}: no KV cache size line seen", ev,
+                                      f"inv logs --rank {r.host}: is the engine up? (inv launch, inv health)"))
+        elif r.planned_tokens is None:
+            checks.append(CheckResult(r.host, "kv_vs_engine", WARN,
+                                      f"{what}: the engine printed {r.engine_tokens:,} tokens; not planned: "
+                                      + "; ".join(r.notes), ev, "pass --gpu-memory-gib, or set VLLM_CPU_KVCACHE_SPACE"))
+        else:
+            d = r.difference_pct
+            detail = f"{what}: planned {r.planned_tokens:,}, the engine printed {r.engine_tokens:,} ({d:+.2f} %)"
+            ok = abs(d) <= tolerance_pct
+            checks.append(CheckResult(r.host, "kv_vs_engine", PASS if ok else WARN, detail, ev, "" if ok else
+                                      "compare the engine's `Available KV cache memory` line with the plan's budget; "
+                                      "move --reserve-gib (--dp-reserve-gib for DP ranks) to what it shows"))
+    if not checks:
+        checks = [CheckResult(NO_HOST, "kv_vs_engine", WARN, "no engine to compare with")]
+    keep = {"model": model, "assumptions": assumptions, "engines": [r.as_dict() for r in rows]}
+    return Report(checks, dict(keep), keep)
+
+
+def engine_kv_table(rows: list) -> Table:
+    t = Table(title="plan against the engine: KV tokens per engine core (each rank of it)", title_justify="left")
+    for c in ("layout", "service", "engine", "shape", "device", "KV B/token/rank", "budget", "planned", "engine printed",
+              "difference"):
+        t.add_column(c, overflow="fold", justify="right" if c in ("planned", "engine printed", "difference",
+                                                                   "KV B/token/rank") else "left")
+    for r in rows:
+        diff = "-" if r.difference_pct is None else f"{r.difference_pct:+.2f} %"
+        t.add_row(r.layout, f"{r.service} ({r.host})", f"DP{r.dp_rank}", r.shape, r.device or "-",
+                  "-" if r.kv_bytes_per_token_per_rank is None else f"{r.kv_bytes_per_token_per_rank:,}", r.budget,
+                  "-" if r.planned_tokens is None else f"{r.planned_tokens:,}",
+                  Text("not seen", style="yellow") if r.engine_tokens is None else f"{r.engine_tokens:,}", diff)
+    return t
+
+
 # ---------------------------------------------------------------- tables
 
 def checks_table(results: list[CheckResult], title: str) -> Table:
