@@ -68,11 +68,14 @@ TIMEOUT = "seconds to wait for `Application startup complete` and /health (defau
 
 @task(help={"inventory": INVENTORY, "rank-order": RANK_ORDER, "dry-run": "print the exact docker run per host; change nothing",
             "recreate": "replace containers that exist with another configuration (or stopped)",
-            "timeout": TIMEOUT, "rollback": "on failure, stop and remove what this launch started", "set": SET},
+            "timeout": TIMEOUT, "rollback": "on failure, stop and remove what this launch started",
+            "json": JSON + " (the live table goes to stderr)", "set": SET},
       iterable=["set_"])
-def launch(c, inventory=None, rank_order=None, dry_run=False, recreate=False, timeout=None, rollback=False, set_=None):
-    """Start the layout's services stage by stage, gated, until its endpoint serves /health."""
-    cli.launch(inventory, rank_order, dry_run, recreate, _num(timeout, "--timeout"), rollback, set_)
+def launch(c, inventory=None, rank_order=None, dry_run=False, recreate=False, timeout=None, rollback=False, json=False,
+           set_=None):
+    """Start the layout's services stage by stage, gated, until its endpoint serves /health; then each vLLM
+    container's bring-up timeline (weights, KV cache, engine, API) beside the previous launch's."""
+    cli.launch(inventory, rank_order, dry_run, recreate, _num(timeout, "--timeout"), rollback, set_, json_out=json)
 
 
 @task(name="launch-script", help={"inventory": INVENTORY, "out": "write DIR/launch_server.sh (created if missing)",
@@ -241,16 +244,18 @@ ns = Collection(preflight, trust_hosts, sync_model, env, launch, launch_script, 
                            "cache (default 8)",
             "dp-reserve-gib": "the same reserve for each dp_ep rank, if it differs (default: --reserve-gib)",
             "block-size": "KV block size (default: 64 for MLA, 16 otherwise)",
-            "mtp": "count the MTP layers' weights and KV (as with --speculative-config method=mtp)"},
+            "mtp": "count the MTP layers' weights and KV (as with --speculative-config method=mtp)",
+            "against-engine": "the running deployment instead: each engine's planned KV tokens beside the "
+                              "`GPU|CPU KV cache size` it printed, and the difference in percent"},
       iterable=["set_"])
 def plan(c, inventory=None, model=None, gpu_memory_gib=None, gpus=None, context=None, json=False,
          gpu_memory_utilization=None, kv_cache_dtype=None, reserve_gib=None, block_size=None, mtp=False,
-         dp_reserve_gib=None, set_=None):
+         dp_reserve_gib=None, set_=None, against_engine=False):
     """KV cache per GPU and per node under TP=N against DP attention + EP, from the checkpoint's own headers."""
     cli.plan(inventory, model, _num(gpu_memory_gib, "--gpu-memory-gib"), _int(gpus, "--gpus"),
              _int(context, "--context"), json, _num(gpu_memory_utilization, "--gpu-memory-utilization"),
              kv_cache_dtype, _num(reserve_gib, "--reserve-gib"), _int(block_size, "--block-size"), mtp,
-             _num(dp_reserve_gib, "--dp-reserve-gib"), set_)
+             _num(dp_reserve_gib, "--dp-reserve-gib"), set_, against_engine=against_engine)
 
 
 ns.add_task(plan)

@@ -291,6 +291,11 @@ def kv_bytes_per_token(spec: ModelSpec, fmt: KvFormat, tp: int) -> int:
     return per_layer * fmt.layers
 
 
+def kv_blocks(budget_bytes: float, per_token: int, block: int) -> int:
+    """Whole KV blocks a budget holds, as vLLM counts them (budget // page size, a page = block x bytes/token)."""
+    return max(0, int(budget_bytes // (per_token * block)))
+
+
 # ---------------------------------------------------------------- GPUs
 
 @dataclass(frozen=True)
@@ -372,7 +377,7 @@ def _layout(name: str, spec: ModelSpec, w: WeightBytes, fmt: KvFormat, gpus: Gpu
     per_token = kv_bytes_per_token(spec, fmt, tp)
     reserve = a.reserve_gib if name == "single_node_tp" or a.dp_reserve_gib is None else a.dp_reserve_gib
     budget = gpus.memory_gib * GIB * a.gpu_memory_utilization - weights - reserve * GIB
-    blocks = max(0, int(budget // (per_token * block)))
+    blocks = kv_blocks(budget, per_token, block)
     tokens = blocks * block
     per_request = math.ceil(context / block)
     notes = []
@@ -435,6 +440,92 @@ def plan_json(plan: Plan) -> dict:
     "kv_tokens_per_gpu", "kv_tokens_per_node", "max_concurrency", ...}]}."""
     return {"ok": True, "model": plan.model, "assumptions": plan.assumptions,
             "layouts": [asdict(lp) for lp in plan.layouts]}
+
+
+# ---------------------------------------------------------------- against a running engine
+
+CPU_BLOCK = 128      # the CPU build's block size unless --block-size is given (vllm/platforms/cpu.py)
+CPU_MLA_BLOCK = 16   # ... and what it forces for MLA models
+
+
+@dataclass
+class EngineSettings:
+    """What one running engine was started with, as far as its KV cache goes: its flags, its environment
+    and the device its KV line names."""
+
+    device: str                                # GPU (CUDA) or CPU (the CPU build), from its KV line
+    tp: int = 1
+    dp: int = 1                                # DP ranks of the instance: experts split over tp x dp with EP
+    expert_parallel: bool = False
+    pp: int = 1
+    gpu_memory_utilization: float | None = None
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = None
+    kv_cache_memory_bytes: int | None = None   # --kv-cache-memory-bytes
+    cpu_kvcache_space_gib: int | None = None   # VLLM_CPU_KVCACHE_SPACE in the engine's environment
+    gpu_memory_gib: float | None = None        # per GPU, nvidia-smi memory.total
+
+
+@dataclass
+class EnginePlan:
+    """railyard's KV tokens for one engine: None when its budget cannot be planned (said in notes)."""
+
+    tokens: int | None
+    kv_bytes_per_token: int       # on each GPU (or CPU worker) of the engine
+    block_size: int
+    budget_bytes: float | None
+    source: str                   # where the budget comes from, in words
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_engine(ckpt: Checkpoint, e: EngineSettings, a: Assumptions) -> EnginePlan:
+    """The KV tokens each rank of one engine holds, planned from the checkpoint and the engine's settings.
+
+    CPU build: its KV space is VLLM_CPU_KVCACHE_SPACE GiB per worker when the environment sets it (vLLM's
+    platform turns it into kv_cache_memory_bytes), else --kv-cache-memory-bytes; otherwise it sized the cache
+    from free memory, which no plan can know. GPU: --kv-cache-memory-bytes when given, else memory x
+    gpu_memory_utilization - weights/GPU - reserve, as for the layouts."""
+    spec = model_spec(ckpt.config, f"{ckpt.dir}/config.json")
+    fmt = kv_format(spec, e.kv_cache_dtype or "auto", a.mtp)
+    per_token = kv_bytes_per_token(spec, fmt, e.tp)
+    notes = []
+    if e.pp > 1:
+        notes.append(f"pipeline parallel {e.pp}: each stage holds only its layers' KV, not modelled")
+    if e.device == "CPU":
+        block = CPU_MLA_BLOCK if spec.attention == "mla" else (e.block_size or CPU_BLOCK)
+        if e.cpu_kvcache_space_gib is not None:
+            budget, source = e.cpu_kvcache_space_gib * GIB, f"VLLM_CPU_KVCACHE_SPACE={e.cpu_kvcache_space_gib} GiB"
+        elif e.kv_cache_memory_bytes is not None:
+            budget, source = float(e.kv_cache_memory_bytes), f"--kv-cache-memory-bytes {e.kv_cache_memory_bytes}"
+        else:
+            return EnginePlan(None, per_token, block, None, "free memory at start",
+                              notes + ["the CPU build sized its cache from free memory (no VLLM_CPU_KVCACHE_SPACE, "
+                                       "no --kv-cache-memory-bytes): not planned"])
+    else:
+        block = e.block_size or a.block_size or (64 if spec.attention == "mla" else 16)
+        if e.kv_cache_memory_bytes is not None:
+            budget, source = float(e.kv_cache_memory_bytes), f"--kv-cache-memory-bytes {e.kv_cache_memory_bytes}"
+        elif e.gpu_memory_gib is None:
+            return EnginePlan(None, per_token, block, None, "GPU memory unknown",
+                              notes + ["no GPU memory to plan from: pass --gpu-memory-gib"])
+        else:
+            w = weight_bytes(ckpt, spec, a.mtp)
+            ep = e.tp * e.dp if e.expert_parallel else 1
+            weights = weights_per_gpu(w, spec, e.tp, ep)
+            util = a.gpu_memory_utilization if e.gpu_memory_utilization is None else e.gpu_memory_utilization
+            reserve = a.reserve_gib if e.dp == 1 or a.dp_reserve_gib is None else a.dp_reserve_gib
+            budget = e.gpu_memory_gib * GIB * util - weights - reserve * GIB
+            source = (f"{e.gpu_memory_gib:.1f} GiB x {util:g} - {weights / GIB:.2f} GiB weights - "
+                      f"{reserve:g} GiB reserve")
+    tokens = kv_blocks(budget, per_token, block) * block
+    return EnginePlan(tokens, per_token, block, budget, source, notes)
+
+
+def difference_pct(planned: int | None, engine: int | None) -> float | None:
+    """How far the plan is from what the engine printed, in percent of the engine's figure (+: the plan is higher)."""
+    if planned is None or not engine:
+        return None
+    return round((planned - engine) / engine * 100, 2)
 
 
 # ---------------------------------------------------------------- reading (I/O)

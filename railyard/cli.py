@@ -172,8 +172,23 @@ def env(inventory: str | None = None, check: bool = False, overrides=None) -> in
     return 0
 
 
+def _print_timeline(rep, con) -> None:
+    from .report import timeline_table
+    if not rep.timeline:
+        return
+    con.print(timeline_table(rep.timeline))
+    if rep.timeline_previous:
+        con.print(f"previous launch: {rep.timeline_previous['written_at']} by {rep.timeline_previous['by']}",
+                  style="dim", markup=False)
+    if rep.timeline_file:
+        con.print(f"kept for the next launch: {rep.timeline_file}", style="dim", markup=False)
+    if rep.timeline_note:
+        con.print(rep.timeline_note, style="yellow", markup=False)
+
+
 def _print_launch(rep, con, what: str) -> int:
     from rich.text import Text
+    _print_timeline(rep, con)
     if rep.failure:
         con.print(Text(f"FAILED: {rep.failure}", style="bold red"))
         for host, text in rep.logs.items():
@@ -200,11 +215,14 @@ def _print_launch(rep, con, what: str) -> int:
 
 @entry
 def launch(inventory: str | None = None, rank_order: str | None = None, dry_run: bool = False, recreate: bool = False,
-           timeout: float | None = None, rollback: bool = False, overrides=None) -> int:
+           timeout: float | None = None, rollback: bool = False, overrides=None, json_out: bool = False) -> int:
     from .launch import launch as run
+    from .report import launch_report
     inv = _inventory(inventory, overrides)
-    con = console()
+    con = console(stderr=json_out)  # --json: the live table on stderr, the one document on stdout
     rep = run(inv, rank_order, dry_run, recreate, timeout, rollback, con)
+    if json_out:
+        return launch_report(rep, dry_run).print_json()
     if dry_run:
         from .ops.launch import describe
         for svc in rep.plan.services():
@@ -576,7 +594,7 @@ def plan(inventory: str | None = None, model: str | None = None, gpu_memory_gib:
          gpus: int | None = None, context: int | None = None, json_out: bool = False,
          gpu_memory_utilization: float | None = None, kv_cache_dtype: str | None = None,
          reserve_gib: float | None = None, block_size: int | None = None, mtp: bool = False,
-         dp_reserve_gib: float | None = None, overrides=None) -> int:
+         dp_reserve_gib: float | None = None, overrides=None, against_engine: bool = False) -> int:
     from .capacity import Assumptions, gather, parse_checkpoint, plan_capacity, plan_json
     from .plan_view import print_plan
     a = Assumptions(mtp=mtp, context=context, block_size=block_size, dp_reserve_gib=dp_reserve_gib)
@@ -586,12 +604,60 @@ def plan(inventory: str | None = None, model: str | None = None, gpu_memory_gib:
         a.kv_cache_dtype = kv_cache_dtype
     if reserve_gib is not None:
         a.reserve_gib = reserve_gib
+    if against_engine:
+        if gpus is not None or context is not None:
+            from .errors import UsageError
+            raise UsageError("--against-engine: the engines' own parallel sizes and lengths are used; leave out "
+                             "--gpus and --context")
+        return _plan_against_engine(_inventory(inventory, overrides), model, gpu_memory_gib, a, json_out)
     doc, found = gather(lambda: _inventory(inventory, overrides), model, gpu_memory_gib, gpus)
     result = plan_capacity(parse_checkpoint(doc), found, a)
     report = plan_report(plan_json(result))
     if json_out:
         return report.print_json()
     print_plan(result, console())
+    return report.exit_code
+
+
+def _plan_against_engine(inv, model: str | None, gpu_memory_gib: float | None, a, json_out: bool) -> int:
+    """The running deployment's engines: railyard's KV tokens beside what each printed."""
+    from . import capacity as C
+    from .against import TOLERANCE_PCT, compare, engine_services
+    from .launch import build_plan
+    from .report import engine_kv_report, engine_kv_table
+    from .runner import Runner
+    from .serving import layouts
+    if gpu_memory_gib is not None and gpu_memory_gib <= 0:
+        from .errors import UsageError
+        raise UsageError(f"--gpu-memory-gib {gpu_memory_gib}: must be positive")
+    with Runner(layouts.get(inv).hosts(inv)) as runner:
+        plan = build_plan(inv, runner, strict=False)
+        engines = engine_services(plan)
+        host = inv.host(engines[0].host) if engines else inv.head
+        doc = C.read_local(model) if model is not None else C.read_remote(runner.session(host), host.vars["model_path"])
+        ckpt = C.parse_checkpoint(doc)
+        rows = compare(plan, runner, ckpt, a, gpu_memory_gib, lambda h: inv.host(h).vars["cluster_gpu_name"])
+    spec = C.model_spec(ckpt.config, f"{ckpt.dir}/config.json")
+    assumptions = {"model_dir": ckpt.dir, "reserve_gib_per_gpu": a.reserve_gib,
+                   "dp_reserve_gib_per_gpu": a.reserve_gib if a.dp_reserve_gib is None else a.dp_reserve_gib,
+                   "gpu_memory_utilization_default": a.gpu_memory_utilization, "mtp": a.mtp,
+                   "tolerance_pct": TOLERANCE_PCT, "layout": plan.layout, "deployment": plan.deployment,
+                   "difference": "(planned - engine) / engine x 100"}
+    report = engine_kv_report(rows, spec.architecture, assumptions, TOLERANCE_PCT)
+    if json_out:
+        return report.print_json()
+    con = console()
+    con.print(engine_kv_table(rows))
+    for r in rows:
+        for n in r.notes:
+            con.print(f"  {r.service} DP{r.dp_rank}: {n}", style="yellow", markup=False)
+    con.print(f"model: {ckpt.dir} ({spec.architecture}); difference = (planned - engine) / engine; GPU engines: "
+              f"memory x --gpu-memory-utilization - weights - reserve {a.reserve_gib:g} GiB (--reserve-gib); CPU "
+              "build: VLLM_CPU_KVCACHE_SPACE GiB per worker, block 128", markup=False, highlight=False)
+    far = [c for c in report.checks if c.status != "pass"]
+    con.print(Text(f"OK: every engine within {TOLERANCE_PCT:g} % of the plan" if not far else
+                   f"{len(far)} engine(s) not within {TOLERANCE_PCT:g} % or not seen: see above",
+                   style="bold green" if not far else "yellow"))
     return report.exit_code
 
 

@@ -45,7 +45,7 @@ def _kv_probe(s: Session, svc: Service) -> tuple[Probe, dict[int, int]]:
     missing = [r for r in want if r not in kv]
     return Probe(f"{svc.name} KV cache",
                  not missing, (f"{len(mine)} of {len(want)} DP ranks, min {min(mine.values()):,} tokens" if mine
-                               else "no `GPU KV cache size` line")
+                               else "no `KV cache size` line")
                  + (f"; none from rank(s) {', '.join(map(str, missing))}" if missing and mine else "")), mine
 
 

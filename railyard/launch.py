@@ -81,7 +81,35 @@ def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool
                 rep.hint = f"note: the env files are not current on {', '.join(stale)} (run `inv env`)"
             return rep
         with locked(inv, runner, "inv launch"):
-            return ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, console)
+            rep = ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, console)
+            if not rep.noop:
+                keep_timeline(inv, plan, runner, rep)
+            return rep
+
+
+def keep_timeline(inv: Inventory, plan: LaunchPlan, runner: Runner, rep: LaunchReport) -> None:
+    """The previous launch's figures beside this one's, from the deployment's first host (where the lock is);
+    after a successful launch this one's replace them there, atomically. Never fails the launch."""
+    from .errors import RailyardError
+    from .ops import timeline
+    host = lock.lock_host(inv)
+    path = timeline.path_for(host.vars["vllm_state_dir"], plan.deployment)
+    s = runner.session(host)
+    try:
+        previous = timeline.load(s, path)
+    except RailyardError as e:
+        previous = None
+        rep.timeline_note = f"the previous launch's timeline was not read: {e}"
+    timeline.merge_previous(rep.timeline, previous)
+    if previous:
+        rep.timeline_previous = {"written_at": previous.get("written_at"), "by": previous.get("by"), "file": path}
+    if rep.failure or not rep.timeline:
+        return
+    try:
+        timeline.save(s, path, timeline.document(plan, rep.timeline))
+        rep.timeline_file = f"{host.name}:{path}"
+    except RailyardError as e:
+        rep.timeline_note = f"this launch's timeline was not kept: {e}"
 
 
 def start(inv: Inventory, rank_order: str | None, timeout: float | None, console) -> LaunchReport:

@@ -42,7 +42,7 @@ def _replica_probes(s: Session, plan: LaunchPlan, svc: Service) -> tuple[list[Pr
     data = {"health": code, "kv_tokens": kv.get(0), "gpus": list(svc.spec.gpus.uuids), "lmcache_registered": registered}
     return [Probe(f"{svc.name} /health", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms),
             Probe(f"{svc.name} KV cache", bool(kv) and registered,
-                  (f"{kv[0]:,} tokens" if kv else "no `GPU KV cache size` line") + "; " +
+                  (f"{kv[0]:,} tokens" if kv else "no `KV cache size` line") + "; " +
                   ("its LMCache connector registered its KV caches" if registered else
                    f"no `{REGISTERED_LINE}` line: it is not connected to LMCache"))], data
 

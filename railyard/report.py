@@ -392,6 +392,113 @@ def plan_report(plan_doc: dict) -> Report:
     return Report(checks, dict(keep), keep)
 
 
+def launch_report(rep, dry_run: bool = False) -> Report:
+    """launch: one `launch` check per service (pass: ready, or already running with this configuration; a
+    dry run: skip) or, when it failed, one fail naming the service; data: what ran, the gates' outcome and
+    the bring-up timeline of each vLLM container beside the previous launch's."""
+    plan = rep.plan
+    services = plan.by_rank() if plan else []
+    data = {"deployment": plan.deployment if plan else None, "layout": plan.layout if plan else None,
+            "dry_run": dry_run, "order": rep.order, "commands": rep.commands}
+    if dry_run:
+        checks = [CheckResult(s.host, "launch", SKIP, f"{s.name}: dry run: nothing started") for s in services]
+        return Report(checks, {**data, "hint": rep.hint or None})
+    if rep.failure:
+        checks = [CheckResult(rep.failed_rank or NO_HOST, "launch", FAIL, rep.failure, "", rep.hint)]
+    else:
+        checks = []
+        for s in services:
+            if rep.noop:
+                what = "already running with this configuration"
+            elif s.name in rep.started:
+                what = "started and ready"
+            else:
+                what = "kept (already running with this configuration) and ready"
+            gates = ", ".join(g.describe() for g in (s.started,) + tuple(s.ready))
+            checks.append(CheckResult(s.host, "launch", PASS, f"{s.name}: {what}", gates))
+    data.update({"started": rep.started, "kept": rep.kept, "noop": rep.noop, "ready_seconds":
+                 None if rep.ready_seconds is None else round(rep.ready_seconds, 2), "api": rep.api or None,
+                 "proof": rep.proof or None, "failure": rep.failure, "hint": rep.hint or None, "logs": rep.logs,
+                 "rolled_back": rep.rolled_back, "timeline": [t.as_dict() for t in rep.timeline],
+                 "timeline_file": rep.timeline_file or None, "timeline_previous": rep.timeline_previous,
+                 "timeline_note": rep.timeline_note or None})
+    return Report(checks, data)
+
+
+def _secs(v) -> str:
+    return "not seen" if v is None else f"{v:.1f} s"
+
+
+def timeline_table(timelines: list, title: str = "bring-up: seconds from the container's start "
+                                                 "(the previous launch's in brackets)") -> Table:
+    """One row per vLLM container: each milestone's time, `not seen`, or `n/a` where that rank has none."""
+    from .serving.vllm import MILESTONE_LABELS, MILESTONES
+    t = Table(title=title, title_justify="left")
+    for c in ("rank", "host", "service"):
+        t.add_column(c, no_wrap=True)
+    for m in MILESTONES:
+        t.add_column(MILESTONE_LABELS[m], justify="right", no_wrap=True)
+    t.add_column("notes", overflow="fold")
+    for tl in timelines:
+        cells = []
+        for m in MILESTONES:
+            if m in tl.not_applicable:
+                cells.append(Text("n/a", style="dim"))
+                continue
+            v = tl.seconds.get(m)
+            cell = Text(_secs(v), style="yellow" if v is None else "")
+            if tl.previous is not None:
+                cell.append(f" ({_secs(tl.previous.get(m)) if m in tl.previous else '-'})", style="dim")
+            cells.append(cell)
+        t.add_row("-" if tl.rank is None else str(tl.rank), tl.host, tl.service, *cells,
+                  Text(tl.error, style="yellow") if tl.error else "")
+    return t
+
+
+def engine_kv_report(rows: list, model: str, assumptions: dict, tolerance_pct: float) -> Report:
+    """plan --against-engine: a `kv_vs_engine` check per engine core (a plan never fails: pass within the
+    tolerance, warn beyond it, when the engine printed no figure or the plan has none); `model`,
+    `assumptions` and `engines` in data and at the top level, as plan keeps its own."""
+    checks = []
+    for r in rows:
+        what = f"{r.service} DP{r.dp_rank} ({r.shape}, {r.device or 'device not seen'})"
+        ev = (f"{r.kv_bytes_per_token_per_rank} B per token per rank, block {r.block_size}, budget {r.budget}"
+              if r.kv_bytes_per_token_per_rank else "") + (f"; engine: {r.engine_line}" if r.engine_line else "")
+        if r.engine_tokens is None:
+            checks.append(CheckResult(r.host, "kv_vs_engine", WARN, f"{what}: no KV cache size line seen", ev,
+                                      f"inv logs --rank {r.host}: is the engine up? (inv launch, inv health)"))
+        elif r.planned_tokens is None:
+            checks.append(CheckResult(r.host, "kv_vs_engine", WARN,
+                                      f"{what}: the engine printed {r.engine_tokens:,} tokens; not planned: "
+                                      + "; ".join(r.notes), ev, "pass --gpu-memory-gib, or set VLLM_CPU_KVCACHE_SPACE"))
+        else:
+            d = r.difference_pct
+            detail = f"{what}: planned {r.planned_tokens:,}, the engine printed {r.engine_tokens:,} ({d:+.2f} %)"
+            ok = abs(d) <= tolerance_pct
+            checks.append(CheckResult(r.host, "kv_vs_engine", PASS if ok else WARN, detail, ev, "" if ok else
+                                      "compare the engine's `Available KV cache memory` line with the plan's budget; "
+                                      "move --reserve-gib (--dp-reserve-gib for DP ranks) to what it shows"))
+    if not checks:
+        checks = [CheckResult(NO_HOST, "kv_vs_engine", WARN, "no engine to compare with")]
+    keep = {"model": model, "assumptions": assumptions, "engines": [r.as_dict() for r in rows]}
+    return Report(checks, dict(keep), keep)
+
+
+def engine_kv_table(rows: list) -> Table:
+    t = Table(title="plan against the engine: KV tokens per engine core (each rank of it)", title_justify="left")
+    for c in ("layout", "service", "engine", "shape", "device", "KV B/token/rank", "budget", "planned", "engine printed",
+              "difference"):
+        t.add_column(c, overflow="fold", justify="right" if c in ("planned", "engine printed", "difference",
+                                                                   "KV B/token/rank") else "left")
+    for r in rows:
+        diff = "-" if r.difference_pct is None else f"{r.difference_pct:+.2f} %"
+        t.add_row(r.layout, f"{r.service} ({r.host})", f"DP{r.dp_rank}", r.shape, r.device or "-",
+                  "-" if r.kv_bytes_per_token_per_rank is None else f"{r.kv_bytes_per_token_per_rank:,}", r.budget,
+                  "-" if r.planned_tokens is None else f"{r.planned_tokens:,}",
+                  Text("not seen", style="yellow") if r.engine_tokens is None else f"{r.engine_tokens:,}", diff)
+    return t
+
+
 # ---------------------------------------------------------------- tables
 
 def checks_table(results: list[CheckResult], title: str) -> Table:

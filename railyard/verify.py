@@ -341,7 +341,7 @@ def _engine_probes(s: Session, svc: Service, metrics_text: str) -> tuple[list[Pr
     kv = kv_summary(per_rank)
     missing = [r for r in range(want) if r not in per_rank]
     detail = (f"{len(per_rank)} of {want} DP ranks: min {kv['min']:,} tokens, sum {kv['sum']:,}, spread "
-              f"{kv['spread'] * 100:.1f} %" if per_rank else f"no `GPU KV cache size` line from {describe(svc)}")
+              f"{kv['spread'] * 100:.1f} %" if per_rank else f"no `KV cache size` line from {describe(svc)}")
     if missing and per_rank:
         detail += f"; no KV line from rank(s) {', '.join(map(str, missing))}"
     engines = metric_engines(metrics_text)

@@ -26,7 +26,7 @@ from ..serving.spec import Gate, LaunchPlan, Service
 from ..serving.vllm import parse_kv_cache
 from ..transport import RemotePath, Session, cmd, q, read_remote, write_remote
 from .containers import inspect, log_tail, uptime
-from . import pd
+from . import pd, timeline
 from .envfiles import EnvFile
 
 POLL_S = 0.3
@@ -71,6 +71,10 @@ class LaunchReport:
     api: str = ""
     proof: str = ""                       # what the plan's final gate saw (pd: the P->D request)
     plan: LaunchPlan | None = None
+    timeline: list = field(default_factory=list)            # ops.timeline.Timeline per vLLM container
+    timeline_file: str = ""               # host:path where this launch's timeline is kept for the next one
+    timeline_note: str = ""               # why the previous one was not read or this one not kept
+    timeline_previous: dict | None = None  # the previous launch's timeline: written_at, by, file
 
     @property
     def ok(self) -> bool:
@@ -374,6 +378,7 @@ def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: st
     rep.started = [n for n in rep.started if n not in keep]
     rep.commands = commands
     final_gates(plan, runner, rep)
+    rep.timeline = timeline.read(plan, runner)  # before a rollback removes what it is read from
     if rep.failure and rollback:
         rep.rolled_back = stop_services(plan, runner, [s for s in services if s.name in rep.started], remove=True)
     return rep

@@ -127,7 +127,7 @@ log_has() { docker logs "$1" 2>&1 | grep -qF -- "$2"; }
 wait_log() { until_ok "$1" "\`$2\` in its log" log_has "$1" "$2"; }
 kv_lines() {  # every engine core logged its KV cache size
     local got
-    got=$(docker logs "$1" 2>&1 | grep -F 'GPU KV cache size' | sed -n 's/.*(\(EngineCore[_A-Z0-9]*\) .*/\1/p' | sort -u | wc -l)
+    got=$(docker logs "$1" 2>&1 | grep -F 'KV cache size:' | sed -n 's/.*(\(EngineCore[_A-Z0-9]*\) .*/\1/p' | sort -u | wc -l)
     [ "$got" -ge "$2" ]
 }
 wait_kv() { until_ok "$1" "KV cache line from $2 engine(s)" kv_lines "$1" "$2"; }

@@ -15,7 +15,9 @@ from typing import Any
 from .spec import MODEL_DIR, PORT, Ref, Value
 
 READY_LINE = "Application startup complete"
-KV_LINE = "GPU KV cache size:"
+# What each engine core prints once its KV cache is sized: `GPU KV cache size: N tokens` on CUDA,
+# `CPU KV cache size: N tokens` from the CPU build (the device type, upper-cased); `grep -F` finds both.
+KV_LINE = "KV cache size:"
 
 # The image's own NCCL, not the one a pip wheel drags in (see verify.MIN_NCCL).
 NCCL_SO_SETUP = ('export VLLM_NCCL_SO_PATH="$(python3 -c \'import os, nvidia.nccl as n; '
@@ -189,23 +191,83 @@ def nccl_env(values: dict, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
 
 # ---------------------------------------------------------------- what vLLM prints
 
-_KV_RE = re.compile(r"(?:\((?P<proc>EngineCore(?:_DP(?P<dp>\d+))?) pid=\d+\).*?)?GPU KV cache size: (?P<n>[\d,]+) tokens")
+# engine cores are `EngineCore`, `EngineCore_DP<n>` (DP ranks) or, in older releases, `EngineCore_<n>`
+_KV_RE = re.compile(r"(?:\((?P<proc>EngineCore(?:_DP(?P<dp>\d+)|_(?P<old>\d+))?) pid=\d+\).*?)?"
+                    r"\b(?P<dev>[A-Z]{3,})(?: \+ host)? KV cache size: (?P<n>[\d,]+) tokens")
 _ENGINE_RE = re.compile(r'^vllm:[A-Za-z_:]+\{[^}]*\bengine="(?P<e>[^"]+)"')
 
 
+@dataclass(frozen=True)
+class EngineKv:
+    """One engine core's `<DEVICE> KV cache size: N tokens` line."""
+
+    dp: int          # its DP rank (0 without a DP suffix)
+    tokens: int
+    device: str      # GPU (CUDA), CPU (the CPU build), ...
+    line: str
+
+
+def engine_kv(log: str) -> dict[int, EngineKv]:
+    """DP rank -> what its engine core printed; the last line counts when one prints twice.
+
+        (EngineCore_DP3 pid=4121) INFO 12-01 08:20:11 [kv_cache_utils.py:1087] GPU KV cache size: 299,584 tokens
+        (EngineCore pid=4525) INFO 12-02 03:03:14 [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens, ..."""
+    out: dict[int, EngineKv] = {}
+    for line in log.splitlines():
+        m = _KV_RE.search(line)
+        if m:
+            dp = int(m.group("dp") or m.group("old") or 0)
+            out[dp] = EngineKv(dp, int(m.group("n").replace(",", "")), m.group("dev"), line.strip())
+    return out
+
+
 def parse_kv_cache(log: str) -> dict[int, int]:
-    """DP rank -> KV tokens, from each engine core's `GPU KV cache size: N tokens` line.
+    """DP rank -> KV tokens, from each engine core's `GPU KV cache size: N tokens` line (the CPU build's
+    `CPU KV cache size: N tokens` too).
 
         (EngineCore_DP3 pid=4121) INFO 12-01 08:20:11 [kv_cache_utils.py:1087] GPU KV cache size: 299,584 tokens
         (EngineCore pid=120) INFO 06-01 09:22:30 [kv_cache_utils.py:1733] GPU KV cache size: 620,944 tokens
 
     A line without a DP suffix is rank 0; an engine that prints its line twice counts once."""
-    out: dict[int, int] = {}
-    for line in log.splitlines():
-        m = _KV_RE.search(line)
-        if m:
-            out[int(m.group("dp") or 0)] = int(m.group("n").replace(",", ""))
-    return out
+    return {dp: e.tokens for dp, e in engine_kv(log).items()}
+
+
+# The bring-up milestones of one vLLM container, each the line that marks it (docs: README, `inv launch`):
+#   weights_loaded      a worker's `Loading weights took X seconds` (both builds) or the GPU build's
+#                       `Model loading took X GiB [memory] and Y seconds` / older `Loading model weights took`
+#   kv_cache_allocated  an engine core's `<DEVICE> KV cache size: N tokens`; on a rank without an engine core
+#                       (a headless TP rank) its worker's `Available KV cache memory: X GiB` (GPU) or
+#                       `Explicitly set|Auto set (...) GiB for KV cache` (CPU build)
+#   engine_initialised  `init engine (profile, create kv cache, warmup model) took X s|seconds`
+#   api_ready           uvicorn's `Application startup complete.`
+# With several workers, engines or API servers in one container the last line counts: all of them are there.
+MILESTONES = ("weights_loaded", "kv_cache_allocated", "engine_initialised", "api_ready")
+MILESTONE_LABELS = {"weights_loaded": "weights loaded", "kv_cache_allocated": "KV cache",
+                    "engine_initialised": "engine initialised", "api_ready": "API ready"}
+_MILESTONE_RES = (
+    ("weights_loaded", re.compile(r"\] (?:Loading weights took [\d.]+ seconds|Model loading took [\d.]+ GiB"
+                                  r"|Loading model weights took [\d.]+ G)")),
+    ("kv_cache_allocated", re.compile(r"\b[A-Z]{3,}(?: \+ host)? KV cache size: [\d,]+ tokens"
+                                      r"|\] Available KV cache memory: [\d.]+ GiB"
+                                      r"|\] (?:Explicitly|Auto) set \([\d./]+\) GiB for KV cache")),
+    ("engine_initialised", re.compile(r"\] init engine \(profile, create kv cache, warmup model\) took [\d.]+ s")),
+    ("api_ready", re.compile(r"\bINFO:\s+Application startup complete\.")),
+)
+# what `grep -F` keeps of a log before milestone_of looks at it (one pattern per milestone line)
+MILESTONE_GREP = ("Loading weights took", "Model loading took", "Loading model weights took", "KV cache size:",
+                  "Available KV cache memory", "GiB for KV cache", "init engine (profile, create kv cache",
+                  READY_LINE)
+
+
+def milestone_of(line: str) -> str | None:
+    """Which bring-up milestone a vLLM log line marks, or None.
+
+        (Worker pid=4555) INFO 12-02 03:03:13 [default_loader.py:501] Loading weights took 0.01 seconds -> weights_loaded
+        INFO:     Application startup complete.                                                     -> api_ready"""
+    for name, rx in _MILESTONE_RES:
+        if rx.search(line):
+            return name
+    return None
 
 
 def metric_engines(text: str) -> set[str]:

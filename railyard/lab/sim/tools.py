@@ -1267,7 +1267,8 @@ def _ulimit(u):
 
 
 def _start(name):
-    """Double-fork a shim in a new session: it runs the container's command and records its exit."""
+    """Double-fork a shim in a new session: it runs the container's command, keeps its output as docker's
+    json-file driver does (`log`, one JSON object per line) and records its exit."""
     open(os.path.join(_cdir(name), "log"), "ab").close()
     pid = os.fork()
     if pid == 0:
@@ -1396,19 +1397,76 @@ def _argv(cfg):
     return argv
 
 
+# docker's json-file driver: each line the container writes becomes {"log": "<line>\n", "stream":
+# "stdout"|"stderr", "time": "<RFC3339Nano UTC>"}, stamped when the daemon reads it from the container's
+# pipes; a line longer than its 16 KiB buffer is kept in pieces (a newline only on the last).
+LOG_PIECE = 16 * 1024
+
+
+def _rfc3339nano(ns, fixed=False):
+    """UTC time from nanoseconds. fixed: nine fraction digits, as `docker logs -t` prints it; otherwise Go's
+    RFC3339Nano, as the driver stores it (trailing zeros dropped)."""
+    sec, frac = divmod(ns, 1_000_000_000)
+    digits = f"{frac:09d}" if fixed else f"{frac:09d}".rstrip("0")
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)) + (f".{digits}" if digits else "") + "Z"
+
+
+def _log_pump(pipe, stream, fd, lock):
+    """Copy one of the container's pipes into its json-file log, a record per line, as it is read."""
+    for raw in iter(lambda: pipe.readline(LOG_PIECE), b""):
+        rec = {"log": raw.decode("utf-8", errors="replace"), "stream": stream, "time": _rfc3339nano(time.time_ns())}
+        data = (json.dumps(rec, ensure_ascii=False) + "\n").encode()
+        with lock:
+            os.write(fd, data)  # one write per record on an O_APPEND file: readers never see half a record
+    pipe.close()
+
+
+def _log_records(data):
+    """The complete records of a json-file log (bytes), as (time, text), and the bytes they take. A line
+    that is no record (a log written before the stand-in kept records) is its own text with no time."""
+    out, used = [], 0
+    for line in data.split(b"\n")[:-1]:  # what follows the last newline is a record still being written
+        used += len(line) + 1
+        try:
+            rec = json.loads(line)
+            out.append((str(rec.get("time", "")), str(rec["log"])))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            out.append(("", line.decode(errors="replace") + "\n"))
+    return out, used
+
+
+def _log_text(records, timestamps=False):
+    """What `docker logs` prints: each record's text; with -t its time first (nine fraction digits) and a space."""
+    if not timestamps:
+        return "".join(text for _, text in records)
+    return "".join((_fixed_time(t) + " " if t else "") + text for t, text in records)
+
+
+def _fixed_time(stamp):
+    """The driver's time (`2026-12-02T03:03:13.65797Z`) with nine fraction digits, as `docker logs -t` shows it."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return f"{head}.{(frac + '000000000')[:9]}Z"
+
+
 def _shim(name):
+    import threading
     cfg = _load(name)
-    log = open(os.path.join(_cdir(name), "log"), "ab", buffering=0)
+    fd = os.open(os.path.join(_cdir(name), "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
     limits = _limits(cfg)
 
     def child_setup():
         _apply_limits(limits)
 
-    proc = subprocess.Popen(_private_tmp(name, _argv(cfg)), env=_container_env(cfg), stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(_private_tmp(name, _argv(cfg)), env=_container_env(cfg), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             cwd=os.path.join(_cdir(name), "rootfs"), preexec_fn=child_setup)
     _write_state(name, Status="running", Running=True, Pid=proc.pid, ExitCode=0, StartedAt=_now(),
                  FinishedAt="0001-01-01T00:00:00Z", ShimPid=os.getpid())
+    lock = threading.Lock()
+    pumps = [threading.Thread(target=_log_pump, args=(pipe, stream, fd, lock), daemon=True)
+             for pipe, stream in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
+    for t in pumps:
+        t.start()
     import signal as _signal
 
     def forward(sig, frame):
@@ -1419,10 +1477,15 @@ def _shim(name):
 
     _signal.signal(_signal.SIGTERM, forward)
     rc = proc.wait()
+    for t in pumps:  # what the process wrote before it exited is in the log before the exit is recorded
+        t.join(timeout=1)
     code = rc if rc >= 0 else 128 - rc
     _write_state(name, Status="exited", Running=False, Pid=0, ExitCode=code, FinishedAt=_now())
     if cfg["HostConfig"].get("AutoRemove"):
         _remove(name)
+    for t in pumps:  # a process the command left behind may still write (no PID namespace here)
+        t.join()
+    os.close(fd)
     return 0
 
 
@@ -1430,7 +1493,7 @@ def _wait_exit(name):
     while _state_of(name).get("Running"):
         time.sleep(0.1)
     with open(os.path.join(_cdir(name), "log"), "rb") as f:
-        sys.stdout.write(f.read().decode(errors="replace"))
+        sys.stdout.write(_log_text(_log_records(f.read())[0]))
     return _state_of(name).get("ExitCode", 0)
 
 
@@ -1526,8 +1589,11 @@ def _ps(args):
 
 
 def _logs(args):
+    """`docker logs [-t] [-n N|--tail N] [-f] NAME`: the records of the container's json-file log, plain or
+    with each line's time (-t/--timestamps); the stand-in prints both streams on stdout."""
     tail = None
     follow = False
+    stamps = False
     name = None
     i = 0
     while i < len(args):
@@ -1535,12 +1601,18 @@ def _logs(args):
         if a in ("-n", "--tail"):
             tail = args[i + 1]
             i += 1
-        elif a.startswith("--tail="):
+        elif a.startswith("--tail=") or a.startswith("-n="):
             tail = a.split("=", 1)[1]
-        elif a == "--since":
+        elif a.startswith("-n") and a[2:].isdigit():
+            tail = a[2:]
+        elif a in ("--since", "--until"):
             i += 1
         elif a in ("-f", "--follow"):
             follow = True
+        elif a in ("-t", "--timestamps"):
+            stamps = True
+        elif a in ("-ft", "-tf"):
+            follow = stamps = True
         elif not a.startswith("-"):
             name = a
         i += 1
@@ -1549,21 +1621,26 @@ def _logs(args):
         return _no_such("container", name)
     path = os.path.join(_cdir(c["Name"].lstrip("/")), "log")
     with open(path, "rb") as f:
-        data = f.read().decode(errors="replace")
-    lines = data.splitlines(keepends=True)
+        records, done = _log_records(f.read())
     if tail not in (None, "all"):
-        lines = lines[-int(tail):] if int(tail) > 0 else []
-    sys.stdout.write("".join(lines))
+        records = records[-int(tail):] if int(tail) > 0 else []
+    sys.stdout.write(_log_text(records, stamps))
     sys.stdout.flush()
     if follow:
         with open(path, "rb") as f:
-            f.seek(len(data.encode()))
+            f.seek(done)
+            pending = b""
             while True:
-                chunk = f.read()
+                running = _state_of(c["Name"].lstrip("/")).get("Running")
+                chunk = f.read()  # read after the state: what an exited container wrote is all there
                 if chunk:
-                    sys.stdout.write(chunk.decode(errors="replace"))
-                    sys.stdout.flush()
-                elif not _state_of(c["Name"].lstrip("/")).get("Running"):
+                    pending += chunk
+                    records, used = _log_records(pending)
+                    pending = pending[used:]
+                    if records:
+                        sys.stdout.write(_log_text(records, stamps))
+                        sys.stdout.flush()
+                elif not running:
                     break
                 else:
                     time.sleep(0.2)
