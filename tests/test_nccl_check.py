@@ -88,7 +88,8 @@ def test_a_wrong_gid_index_fails_the_transport(ranks):
                 "--set", "vllm_extra_env={NCCL_IB_GID_INDEX: '1'}")
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and not doc["ok"]
-    assert all(not x["gdrdma"] and any("vendor err 129" in w for w in x["warnings"]) for x in doc["data"]["ranks"])
+    assert all(x["verdict"] == "fail" and any("IBV_WC_RETRY_EXC_ERR(12)" in w and "vendor_err=129" in w
+                                              for w in x["warnings"]) for x in doc["data"]["ranks"])
     assert no_probe_left()
 
 

@@ -14,7 +14,9 @@ own failures are what railyard sees. Around it, only what a GPU host adds and a 
   RDMA cannot run here.
 What only the CPU build needs, set where the environment sets nothing: HF_HUB_OFFLINE (the lab has
 no network), no usage statistics, VLLM_CPU_OMP_THREADS_BIND=nobind (several ranks share the
-machine's cores; the CPU build's automatic binding refuses two ranks on one NUMA node) and
+machine's cores; the CPU build's automatic binding refuses two ranks on one NUMA node),
+OMP_NUM_THREADS=1 (every rank of every lab host shares the machine's two cores: with OpenMP's
+default of one thread per core, a TP=2 pair spent 165 ms a token spinning, with one 32 ms) and
 VLLM_CPU_KVCACHE_SPACE=1 (unset, each engine would take a share of the machine's memory).
 Standard library only.
 """
@@ -32,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.realpath(__file__))  # LAB/sim/image/bin
 LAB_JSON = os.path.join(os.path.dirname(os.path.dirname(HERE)), "lab.json")
 CPU_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 # a worker's line once its process group is up (vllm/distributed/parallel_state.py)
 GROUP_RE = re.compile(r"world_size=(\d+) rank=(\d+) local_rank=\d+ distributed_init_method=\S+ backend=")
 TITLE_RE = re.compile(r"^VLLM::Worker(?:_DP(\d+))?(?:_PP(\d+))?(?:_TP(\d+))?(?:_EP\d+)?$")

@@ -394,6 +394,24 @@ def _v2_index(hca, ip):
     return None
 
 
+# Every line below is in the form a real capture shows (tests/fixtures/real/nccl: ORIGINS.md and
+# public/ORIGINS.md). NCCL 2.28+ prints `[date time] ` before every WARN and the file:line it comes
+# from; Init COMPLETE comes before the channel lines; integer parameters end with a dot.
+NCCL_LINES = {  # what each failure adds, with the capture it comes from
+    # public/nccl2.30.4-2node-roce_ib-completion-retry-exc-err-12-vendor-err-129-hca_cqe-error...:
+    # the 2.30 form of a completion that ran out of retries (the peer never answered: a wrong GID
+    # index, NVIDIA/nccl#426; rails that do not reach each other, #2397)
+    "cqe": "transport/net_ib/p2p.cc:783 NCCL WARN NET/IB: ncclIbTest: Got CQE with error (devIndex=0, req=0x7f3a1c0b2e40, "
+           "comm=0x7f3a1c004d80 ({side}), wr_id=0, qp_num={qp})",
+    "retry": "transport/net_ib/p2p.cc:648 NCCL WARN NET/IB: Got completion from peer {peer}<43210> with "
+             "status=IBV_WC_RETRY_EXC_ERR(12) opcode={opcode} vendor_err=129 localGid ::ffff:{ip} remoteGids::ffff:{peer} "
+             "hca {hca}",
+    # public/nccl-tests-memlock-8192k_ibv-reg-mr-iova2-cannot-allocate-memory...: memlock too small
+    # for RDMA registration (nccl-tests#206; `ulimit -l` was 8192); the job fails, no socket fallback
+    "memlock": "misc/ibvwrap.cc:278 NCCL WARN Call to ibv_reg_mr_iova2 failed with error Cannot allocate memory",
+}
+
+
 def nccl_log(rank, nranks, peer_ip):
     path = os.environ.get("NCCL_DEBUG_FILE")  # unset: NCCL writes its log to stdout
     if os.environ.get("NCCL_DEBUG", "").upper() != "INFO":
@@ -416,55 +434,47 @@ def nccl_log(rank, nranks, peer_ip):
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY
     want_gid = _v2_index(hca, ip) if hca in hcas else None
     p = f"{hostname}:{pid}:{pid} [0] NCCL INFO "
-    w = f"{hostname}:{pid}:{pid} [0] NCCL WARN "
+
+    def warn(text):
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        return f"[{stamp}] {hostname}:{pid}:{pid + 7} [0] {text}"
+
     lines = [p + "cudaDriverVersion 13000", p + f"NCCL_SOCKET_IFNAME set by environment to {iface}",
              p + f"Bootstrap: Using {iface}:{ip}<0>", p + f"NCCL version {NCCL_VERSION}",
              p + "NET/Plugin: Could not find: libnccl-net.so"]
-    transport = "Socket"
-    if not has_dev or hcas.get(hca) is None or hcas.get(hca) != netdev:
-        if setting:
-            lines.append(p + f"NCCL_IB_HCA set to {setting}")
-        lines.append(p + "NET/IB : No device found.")
-    elif not (ipc_lock and memlock):
+    ib = has_dev and hcas.get(hca) is not None and hcas.get(hca) == netdev
+    if setting:
         lines.append(p + f"NCCL_IB_HCA set to {setting}")
-        lines.append(w + "Call to ibv_reg_mr failed with error Cannot allocate memory")
-        lines.append(w + "NET/IB : Unable to register memory: check memlock ulimit (ulimit -l) and IPC_LOCK")
-        lines.append(p + "NET/IB : No device found.")
-    else:
-        transport = "IB"
-        lines.append(p + f"NCCL_IB_HCA set to {setting}")
-        lines.append(p + f"NCCL_IB_GID_INDEX set by environment to {gid}")
+    if ib:
+        lines.append(p + f"NCCL_IB_GID_INDEX set by environment to {gid}.")
         lines.append(p + f"NET/IB : Using [0]{hca}:1/RoCE [RO]; OOB {iface}:{ip}<0>")
-    if transport == "Socket":
-        lines += [p + "Failed to initialize NET plugin IB", p + f"NET/Socket : Using [0]{iface}:{ip}<0>",
+        lines += [p + "Initialized NET plugin IB", p + "Using network IB",
+                  p + f"NET/IB : GPU Direct RDMA Enabled for HCA 0 '{hca}'"]
+    else:  # h200-two-hosts-one-gpu_lo_socket_nccl2.28.9_r1.log: no usable HCA, sockets
+        lines += [p + "NET/IB : No device found.", p + f"NET/IB : Using [RO]; OOB {iface}:{ip}<0>",
+                  p + "Failed to initialize NET plugin IB", p + f"NET/Socket : Using [0]{iface}:{ip}<0>",
                   p + "Initialized NET plugin Socket", p + "Using network Socket",
                   p + f"NET/Socket : GPU Direct RDMA Disabled for HCA 0 '{iface}'"]
-    else:
-        lines += [p + "Initialized NET plugin IB", p + "Using network IB",
-                  p + f"GPU Direct RDMA Enabled for HCA 0 '{hca}'"]
     lines.append(p + f"ncclCommInitRankConfig comm 0x55d0c0de rank {rank} nranks {nranks} cudaDev 0 nvmlDev 0 "
                      "busId 8060000 commId 0x1f2e3d4c5b6a7988 - Init START")
     lines.append(p + f"comm 0x55d0c0de rank {rank} nRanks {nranks} nNodes {nranks} localRanks 1 localRank 0 MNNVL 0")
-    via = "NET/Socket/0" if transport == "Socket" else "NET/IB/0/GDRDMA"
-    if transport == "IB" and gid != want_gid:
-        via = "NET/IB/0"
-    other = 1 - rank if nranks == 2 else (rank + 1) % nranks
-    for ch in range(2):
-        lines.append(p + f"Channel {ch:02d}/0 : {other}[0] -> {rank}[0] [receive] via {via}")
-        lines.append(p + f"Channel {ch:02d}/0 : {rank}[0] -> {other}[0] [send] via {via}")
-    mtu_mismatch = transport == "IB" and any(m != _my_mtu() for m in PEER_MTU)
-    if mtu_mismatch and gid == want_gid:
-        # RoCE frames larger than the smaller MTU are dropped: the QP runs out of retries
-        lines.append(w + f"NET/IB : Got completion from peer {peer_ip}<43210> with status=12 opcode=1 len=0 "
-                         f"vendor err 129 (Send) localGid ::ffff:{ip} remoteGid ::ffff:{peer_ip}")
-        lines.append(p + "transport/net_ib.cc:2035 -> 6")
-    if transport == "IB" and gid != want_gid:
-        lines.append(w + f"NET/IB : Got completion from peer {peer_ip}<43210> with status=12 opcode=0 len=0 "
-                         f"vendor err 129 (Recv) localGid ::ffff:{ip} remoteGid ::ffff:{peer_ip}")
-        lines.append(p + "transport/net.cc:1313 -> 6")
-    lines.append(p + f"Connected all rings, use ring PXN 0 GDR {1 if via.endswith('GDRDMA') else 0}")
     lines.append(p + f"ncclCommInitRankConfig comm 0x55d0c0de rank {rank} nranks {nranks} cudaDev 0 nvmlDev 0 "
                      "busId 8060000 commId 0x1f2e3d4c5b6a7988 - Init COMPLETE")
+    if ib and not (ipc_lock and memlock):  # registration fails while the channels connect; the job fails
+        lines.append(warn(NCCL_LINES["memlock"]))
+    else:
+        via = "NET/IB/0/GDRDMA" if ib else "NET/Socket/0"
+        other = 1 - rank if nranks == 2 else (rank + 1) % nranks
+        for ch in range(2):
+            lines.append(p + f"Channel {ch:02d}/0 : {other}[0] -> {rank}[0] [receive] via {via}")
+            lines.append(p + f"Channel {ch:02d}/0 : {rank}[0] -> {other}[0] [send] via {via}")
+        lines.append(p + f"Connected all rings, use ring PXN 0 GDR {1 if ib else 0}")
+        if ib and gid != want_gid:  # the peer is addressed at another GID and never answers: retries run out
+            for side, opcode, qp in (("send", "IBV_WC_RDMA_WRITE(1)", 21535), ("recv", "IBV_WC_RECV_RDMA_WITH_IMM(129)",
+                                                                              21536)):
+                lines.append(warn(NCCL_LINES["cqe"].format(side=side, qp=qp)))
+                lines.append(warn(NCCL_LINES["retry"].format(peer=peer_ip, opcode=opcode, ip=ip, hca=hca)))
+    transport = "IB" if ib else "Socket"
     if not path:
         print("\n".join(lines), flush=True)
         return transport
@@ -498,26 +508,10 @@ def head_rendezvous(args, stop):
             continue
         line = conn.makefile().readline().strip()
         peers.append((conn, addr[0], line))
-        try:
-            PEER_MTU.append(int(line.split("mtu ")[1].split()[0]))
-        except (IndexError, ValueError):
-            pass
         log(f"Node {addr[0]} joined ({line}); {len(peers)}/{n}", where="multiproc_executor.py:131")
     for conn, _, _ in peers:
-        conn.sendall(f"GO mtu {_my_mtu()}\n".encode())
+        conn.sendall(b"GO\n")
     return srv, peers
-
-
-PEER_MTU = []
-
-
-def _my_mtu():
-    iface = _rail_of(os.environ.get("VLLM_HOST_IP", ""))
-    try:
-        with open(f"/sys/class/net/{iface}/mtu") as f:
-            return int(f.read())
-    except (OSError, ValueError, TypeError):
-        return 0
 
 
 def worker_rendezvous(args, stop):
@@ -536,15 +530,11 @@ def worker_rendezvous(args, stop):
             time.sleep(0.5)
     else:
         sys.exit(0)
-    s.sendall(f"rank {args['node-rank']} mtu {_my_mtu()}\n".encode())
+    s.sendall(f"rank {args['node-rank']}\n".encode())
     f = s.makefile()
     go = f.readline().strip()
     if not go.startswith("GO"):
         fail("The head closed the connection during rendezvous", "RuntimeError")
-    try:
-        PEER_MTU.append(int(go.split("mtu ")[1]))
-    except (IndexError, ValueError):
-        pass
     return s, f
 
 
