@@ -106,6 +106,19 @@ def test_clock_skew_with_one_host_skips_instead_of_passing():
     assert {r.status for r in two.values()} == {"pass"}
 
 
+def test_a_clock_skew_counts_only_beyond_the_samples_own_uncertainty():
+    """Each sample is known to half its round trip. A host 2 s off, read in a 10 ms round trip, is skewed; one
+    that read 1.9 s off in a 4 s round trip (24 hosts probing on two cores) shows nothing either way."""
+    hosts = [host(n) for n in "ABC"]
+    res = C.check_clock_skew(hosts, {"A": C.ClockSample(2.0, 0.005), "B": C.ClockSample(0.0, 0.005),
+                                     "C": C.ClockSample(0.01, 0.005)})
+    assert res["A"].status == "fail" and "ahead of the others" in res["A"].detail and res["B"].status == "pass"
+    loose = C.check_clock_skew(hosts, {"A": C.ClockSample(1.9, 2.0), "B": C.ClockSample(0.0, 0.005),
+                                       "C": C.ClockSample(0.01, 0.005)})
+    assert loose["A"].status == "warn" and "not measured closely enough" in loose["A"].detail
+    assert "±2000 ms" in loose["A"].detail and loose["B"].status == "pass"
+
+
 def test_parity_names_the_odd_host_and_skips_one_host():
     seen = {"A": {"driver": "580.105.08", "kernel": "6.8.0-60-generic", "nic_firmware": "28.39.1002 (MT_0000000834)"},
             "B": {"driver": "580.105.08", "kernel": "6.8.0-60-generic", "nic_firmware": "28.39.1002 (MT_0000000834)"},
@@ -211,3 +224,36 @@ def test_one_nvidia_smi_call_answers_both_the_gpu_and_the_health_check():
     assert health2 is None and F.parse_gpus(base2) == [g]
     w = C.check_gpu_health(host(), out(C.HEALTH_UNSUPPORTED + "\n"), out(""))
     assert w.status == "warn" and "not read" in w.detail
+
+
+def test_a_loose_clock_sample_is_taken_again_on_the_open_connection():
+    import time
+    from railyard.preflight import _tighter_clock
+    from railyard.transport import FakeSession
+    s = FakeSession(host(), {"date +%s.%N": lambda _: (0, f"{time.time() + 0.25:.6f}\n")})
+    got = _tighter_clock(s, C.ClockSample(3.0, 1.5), 0.5)     # read in a 3 s round trip: too loose for 0.5 s
+    assert s.calls == ["date +%s.%N"] and got.uncertainty_s < 0.05 and abs(got.offset_s - 0.25) < 0.05
+    tight = C.ClockSample(0.01, 0.002)
+    assert _tighter_clock(s, tight, 0.5) is tight and len(s.calls) == 1   # a close sample costs no round trip
+
+
+def test_a_probe_that_missed_its_limit_is_asked_again_alone_and_its_second_answer_judged():
+    """A healthy host that runs every probe at once on a loaded machine can miss a limit: a timeout is not a
+    verdict, so the unfinished probes (a section, or one peer inside it) run once more, on their own."""
+    import re
+    from railyard.preflight import _asked_again
+    from railyard.probe import Output, Section, answer
+    from railyard.transport import FakeSession
+    sections = [Section("docker_version", "docker version", "docker"), Section("ip_link", "ip -o link show", "ip"),
+                Section("ssh_peer", "fan out", "ssh")]
+    first = {"docker_version": Output(124, ""), "ip_link": Output(0, "2: cx8r1: mtu 9000\n"),
+             "ssh_peer": Output(0, "@@peer 198.18.101.12 rc=124\n\n@@peer 198.18.101.13 rc=0\nC\n")}
+    s = FakeSession(host(), {re.compile(r"^T="): answer({"docker_version": "Server: Docker Engine\n",
+                                                        "ssh_peer": "@@peer 198.18.101.12 rc=0\nB\n"})})
+    got = _asked_again(s, sections, first)
+    assert len(s.calls) == 1 and "ry docker_version" in s.calls[0] and "ry ssh_peer" in s.calls[0]
+    assert "ry ip_link" not in s.calls[0]                        # what answered is not asked again
+    assert got["docker_version"].ok and "Docker Engine" in got["docker_version"].text
+    assert got["ssh_peer"].text.startswith("@@peer 198.18.101.12 rc=0") and got["ip_link"] is first["ip_link"]
+    done = {k: Output(0, "") for k in first}
+    assert _asked_again(s, sections, done) is done and len(s.calls) == 1   # nothing unfinished: no round trip
