@@ -47,7 +47,7 @@ def serving(env) -> None:
     if inv("health", "--json", env=env).returncode == 0:
         return
     for h in ("A", "B"):
-        write_checkpoint(lab.lab_dir() / "hosts" / h / "home" / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+        write_checkpoint(lab.lab_dir() / "hosts" / h / "home" / "models" / "tiny-qwen3", 0.002, 2)
     for step in (("env",), ("launch", "--recreate")):
         r = inv(*step, env=env)
         if r.returncode:
@@ -94,7 +94,7 @@ def main() -> None:
     aiperf.ensure()
     root = lab.lab_dir()
     key = (root / "hosts" / "A" / "home" / ".config" / "railyard" / "vllm-api-key").read_text().strip()
-    model = "nvidia/GLM-5.3-NVFP4"
+    model = "railyard-lab/tiny-qwen3"
     port = free_port()
     host = lab.lab_host(root, "A")
     tunnel = subprocess.Popen(["ssh", "-N", "-i", str(root / "id_ed25519"), "-o", f"UserKnownHostsFile={root / 'known_hosts'}",

@@ -32,7 +32,7 @@ from railyard import lab  # noqa: E402
 from railyard.lab.checkpoint import write_checkpoint  # noqa: E402
 from railyard.sync import MANIFEST_SCRIPT  # noqa: E402
 
-REL = "models/GLM-5.3-NVFP4"
+REL = "models/tiny-qwen3"
 
 
 def on(host: str, command: str, stdin: str | None = None) -> tuple[float, subprocess.CompletedProcess]:

@@ -194,7 +194,7 @@ def test_the_replicas_layout_is_benchmarked_through_its_router_with_the_master_k
     from .conftest import on
     names = " ".join(f"vllm-replicas-{n}" for n in ("router", "r0", "r1", "r2", "r3", "lmcache"))
     layout = ("--set", "serve_layout=replicas")
-    write_checkpoint(home("A") / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+    write_checkpoint(home("A") / "models" / "tiny-qwen3", 0.002, 2)
     on("A", f"docker rm -f {names} >/dev/null 2>&1; true")
     try:
         assert run("env", *layout, inv=hgx8_inventory).returncode == 0

@@ -24,7 +24,7 @@ NAME = "glm53-full"
 @pytest.fixture(scope="module")
 def stations(lab_inventory):
     for h in ("A", "B"):
-        write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+        write_checkpoint(home(h) / "models" / "tiny-qwen3", 0.002, 2)
     yield lab_inventory
     remove_containers(NAME)
     for h in ("A", "B"):

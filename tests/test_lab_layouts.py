@@ -21,7 +21,7 @@ DPEP = "vllm-dp-ep"
 
 @pytest.fixture(scope="module")
 def hgx(hgx8_inventory):
-    write_checkpoint(home("A") / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+    write_checkpoint(home("A") / "models" / "tiny-qwen3", 0.002, 2)
     yield hgx8_inventory
     on("A", f"docker rm -f {TP8} {DPEP} >/dev/null 2>&1; true")
     shutil.rmtree(home("A") / "models", ignore_errors=True)
@@ -108,7 +108,7 @@ def test_launch_server_sh_serves_on_a_lab_host(clean, tmp_path):
     r = inv(clean, "launch-script", "--out", str(out))
     assert r.returncode == 0, r.stderr
     root = lab_dir()
-    line = ("cd ~/submission; PORT=8123 MODEL_PATH=~/models/GLM-5.3-NVFP4 SERVE_HOST=127.0.0.1 "
+    line = ("cd ~/submission; PORT=8123 MODEL_PATH=~/models/tiny-qwen3 SERVE_HOST=127.0.0.1 "
             "setsid nohup ./launch_server.sh > ~/submission.log 2>&1 < /dev/null & echo $!")
     pid = subprocess.run(ssh_argv(root, lab_host(root, "A"), [line]), capture_output=True, text=True,
                          timeout=60).stdout.strip()
@@ -121,7 +121,7 @@ def test_launch_server_sh_serves_on_a_lab_host(clean, tmp_path):
             time.sleep(0.5)
         assert code == "200", (home("A") / "submission.log").read_text()[-2000:]
         models = on("A", "curl -s http://127.0.0.1:8123/v1/models").stdout
-        assert "nvidia/GLM-5.3-NVFP4" in models
+        assert "railyard-lab/tiny-qwen3" in models
     finally:
         on("A", f"kill {pid} 2>/dev/null; sleep 1; kill -9 {pid} 2>/dev/null; true")
         shutil.rmtree(out, ignore_errors=True)

@@ -46,7 +46,7 @@ def pd(lab_inventory):
     faults.heal()
     path = lab.up(3, log=lambda *_: None, shape="hgx8")
     for h in ("A", "B", "C"):
-        write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+        write_checkpoint(home(h) / "models" / "tiny-qwen3", 0.002, 2)
     p = pd_inventory(path, path.parent / "pd.yml")  # beside it: its key and known_hosts are relative
     remove_all()
     assert inv(p, "env").returncode == 0

@@ -74,7 +74,7 @@ FAULTS = [
     ("clock-skew", "30", "B", "clock_skew", "ahead of the others"),
     ("gpu-busy", None, "B", "gpu", "python3 holds 8710 MiB"),
     ("no-gpu", None, "B", "gpu", "no GPU matches 'GB300'"),
-    ("disk-full", None, "B", "disk", "need 5.0 GB"),
+    ("disk-full", None, "B", "disk", "need 2.0 GB"),
     ("sshd-down", None, "B", "ssh", "connection refused"),
     ("host-key-changed", None, "B", "ssh", "host_key_changed"),
     ("missing-tool", "ibdev2netdev", "B", "rail_link", "tool `ibdev2netdev` not found"),

@@ -28,7 +28,7 @@ key = open("/root/.config/railyard/litellm-master-key").read().strip()
 end = time.time() + float(sys.argv[1]); events = []
 while time.time() < end:
     req = urllib.request.Request("http://127.0.0.1:4000/v1/chat/completions", method="POST",
-        data=json.dumps({"model": "nvidia/GLM-5.3-NVFP4", "max_tokens": 2,
+        data=json.dumps({"model": "railyard-lab/tiny-qwen3", "max_tokens": 2,
                          "messages": [{"role": "user", "content": "hi"}]}).encode(),
         headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
     try:
@@ -64,7 +64,7 @@ def events(p: subprocess.Popen) -> list:
 
 @pytest.fixture(scope="module")
 def deployed(hgx8_inventory):
-    write_checkpoint(home("A") / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+    write_checkpoint(home("A") / "models" / "tiny-qwen3", 0.002, 2)
     on("A", "docker rm -f " + " ".join(NAMES) + " >/dev/null 2>&1; true")
     assert inv(hgx8_inventory, "env").returncode == 0
     r = inv(hgx8_inventory, "launch")

@@ -99,7 +99,7 @@ def test_a_rank_that_fails_its_gate_ends_the_job_and_leaves_nothing(slurm, tmp_p
 
     from .conftest import home
     inv, env = slurm
-    model = home("B") / "models" / "GLM-5.3-NVFP4"
+    model = home("B") / "models" / "tiny-qwen3"
     shutil.rmtree(model)  # B's vLLM fails as vLLM does without its checkpoint
     try:
         assert inv_cmd("export", "-i", str(inv), "--to", "slurm", "--out", str(tmp_path)).returncode == 0
@@ -129,7 +129,7 @@ def test_prefill_and_decode_run_as_a_heterogeneous_job_on_three_hosts(lab_invent
     job = None
     try:
         for h in ("A", "B", "C"):
-            write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+            write_checkpoint(home(h) / "models" / "tiny-qwen3", 0.002, 2)
         p = pd_inventory(path, path.parent / "pd.yml")
         r = inv_cmd("export", "-i", str(p), "--to", "slurm", "--out", str(tmp_path), "--test-only", env=env)
         assert r.returncode == 0 and "fits: sbatch --test-only vllm-pd.sbatch: Job" in r.stdout, r.stdout + r.stderr

@@ -13,7 +13,7 @@ import pytest
 
 from railyard.inventory import load_inventory
 from railyard.lab import lab_dir
-from railyard.lab.checkpoint import write_checkpoint
+from railyard.lab.checkpoint import shard_name, write_checkpoint
 from railyard.sync import SyncOptions, sync_model
 
 from .conftest import ROOT, inv_cmd, wait_for
@@ -24,7 +24,7 @@ SHARDS, SIZE_GB = 8, 0.16  # 20 MB shards: big enough to interrupt, small enough
 
 
 def model_dir(host: str):
-    return lab_dir() / "hosts" / host / "home" / "models" / "GLM-5.3-NVFP4"
+    return lab_dir() / "hosts" / host / "home" / "models" / "tiny-qwen3"
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def files_of_A() -> int:
 
 
 def shard(i: int) -> str:
-    return f"model-{i:05d}-of-{SHARDS:05d}.safetensors"
+    return shard_name(i, SHARDS)
 
 
 def flip_byte_keep_mtime(path, offset=4096):
@@ -136,7 +136,7 @@ def test_a_copy_killed_midway_resumes_without_resending_finished_shards(fresh):
     t.start()
     deadline = time.time() + 30
     while time.time() < deadline:  # wait until a few shards have landed completely
-        done = [n for n in (model_dir("B").glob("model-*.safetensors") if model_dir("B").exists() else [])
+        done = [n for n in (model_dir("B").glob("lab-padding-*.safetensors") if model_dir("B").exists() else [])
                 if n.stat().st_size == (model_dir("A") / n.name).stat().st_size
                 and int(n.stat().st_mtime) == int((model_dir("A") / n.name).stat().st_mtime)]
         if len(done) >= 3:
@@ -146,7 +146,7 @@ def test_a_copy_killed_midway_resumes_without_resending_finished_shards(fresh):
     t.join(60)
     first = result["rep"]
     assert not first.ok and first.copies["B"].errors and "run sync-model again" in first.hint
-    finished = {p.name: (p.stat().st_ino, p.stat().st_ctime_ns) for p in model_dir("B").glob("model-*.safetensors")
+    finished = {p.name: (p.stat().st_ino, p.stat().st_ctime_ns) for p in model_dir("B").glob("lab-padding-*.safetensors")
                 if p.stat().st_size == (model_dir("A") / p.name).stat().st_size
                 and int(p.stat().st_mtime) == int((model_dir("A") / p.name).stat().st_mtime)}
     assert 3 <= len(finished) < SHARDS
@@ -255,7 +255,7 @@ def test_dry_run_shows_the_pinned_download_and_changes_nothing(fresh):
     assert r.returncode == 0, r.stdout + r.stderr
     rev = load_inventory(fresh).head.vars["model_revision"]
     assert "docker run --rm --network host -v \"$HOME\"/models/not-there:/model --entrypoint bash" in r.stdout
-    assert f"hf download nvidia/GLM-5.3-NVFP4 --revision {rev} --local-dir /model" in r.stdout
+    assert f"hf download railyard-lab/tiny-qwen3 --revision {rev} --local-dir /model" in r.stdout
     assert "nothing was changed" in r.stdout
     assert not (lab_dir() / "hosts" / "A" / "home" / "models" / "not-there").exists()
     plan = inv_cmd("sync-model", "-i", str(fresh), "--dry-run")

