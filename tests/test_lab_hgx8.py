@@ -5,6 +5,7 @@ import json
 import re
 import shlex
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,6 +87,20 @@ def test_eight_gpus_on_two_numa_nodes(hgx8):
         assert set(topo[i].gpus.values()) == {"NV18"}
     assert topo[0].nics["mlx5_1"] == "NODE" and topo[0].nics["mlx5_4"] == "SYS"
 
+
+
+def test_the_per_cpu_list_is_the_one_the_real_engine_reads(hgx8):
+    """vLLM's CPU build lists the CPUs with `lscpu --json --extended=CPU,CORE,NODE --online` when a
+    worker starts on the host (launch_server.sh runs it there): the lab's topology in util-linux's form."""
+    out = on("A", "lscpu --json --extended=CPU,CORE,NODE --online").stdout
+    real = (Path(__file__).parent / "fixtures/real/lscpu/lscpu-json-extended-cpu-core-node.txt").read_text()
+    shape = {re.sub(r"\d+", "N", ln) for ln in real.splitlines()}
+    assert {re.sub(r"\d+", "N", ln) for ln in out.splitlines()} == shape    # line for line the real form
+    cpus = json.loads(out)["cpus"]
+    numa = F.parse_lscpu_numa(on("A", "lscpu").stdout)
+    assert [c["cpu"] for c in cpus] == list(range(224))
+    assert all(c["cpu"] in numa[c["node"]] for c in cpus)
+    assert {c["core"] for c in cpus} == set(range(112)) and cpus[112]["core"] == cpus[0]["core"]  # 2 threads a core
 
 def test_eight_rails_are_real_9000_mtu_links(hgx8):
     rows = F.parse_ibdev2netdev(on("B", "ibdev2netdev").stdout)

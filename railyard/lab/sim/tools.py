@@ -454,9 +454,55 @@ def _lscpu_rows():
     return rows + [tuple(r) for r in cpu["tail"]]
 
 
+def _cpu_ranges(text: str) -> list[int]:
+    out = []
+    for part in filter(None, text.split(",")):
+        a, _, b = part.partition("-")
+        out += range(int(a), int(b or a) + 1)
+    return out
+
+
+# the columns of `lscpu --extended` the lab knows, per CPU of the shape's topology
+_EXTENDED = ("CPU", "CORE", "NODE", "SOCKET")
+
+
+def _lscpu_extended(columns: str, as_json: bool) -> int:
+    """`lscpu --extended=COLS [--json]`, one row per CPU of the shape: its core (threads of a core are
+    the CPUs one core count apart, as Linux numbers them) and NUMA node (the node lists); util-linux
+    2.38's forms (tests/fixtures/real/lscpu/lscpu-json-extended-cpu-core-node.txt)."""
+    cols = [c.upper() for c in columns.split(",")] if columns else ["CPU", "CORE", "NODE", "SOCKET"]
+    bad = [c for c in cols if c not in _EXTENDED]
+    if bad:
+        print(f"lscpu: unknown column: {bad[0]}", file=sys.stderr)
+        return 1
+    head = dict(shape()["lscpu"]["head"])
+    cores = int(head["Core(s) per socket:"]) * int(head["Socket(s):"])
+    per_socket = int(head["Core(s) per socket:"])
+    node = {c: i for i, cpus in enumerate(shape()["lscpu"]["numa"]) for c in _cpu_ranges(cpus)}
+    rows = [{"CPU": c, "CORE": c % cores, "NODE": node[c], "SOCKET": (c % cores) // per_socket}
+            for c in sorted(node)]
+    if as_json:
+        body = "},{".join("\n" + ",\n".join(f'         "{k.lower()}": {r[k]}' for k in cols) + "\n      "
+                          for r in rows)
+        print('{\n   "cpus": [\n      {' + body + "}\n   ]\n}")
+        return 0
+    width = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in cols}
+    print(" ".join(k.rjust(width[k]) for k in cols))
+    for r in rows:
+        print(" ".join(str(r[k]).rjust(width[k]) for k in cols))
+    return 0
+
+
 def lscpu(args):
     """util-linux lscpu as it prints to a pipe (one flat list; the label column as wide as the longest
-    label and one space, as in tests/fixtures/real/lscpu/), or with -J/--json."""
+    label and one space, as in tests/fixtures/real/lscpu/), or with -J/--json; -e/--extended[=COLS]
+    lists the CPUs (vLLM's CPU build reads `lscpu --json --extended=CPU,CORE,NODE --online`)."""
+    for i, a in enumerate(args):
+        if a in ("-e", "--extended") or a.startswith(("-e=", "--extended=")):
+            cols = a.partition("=")[2]
+            if not cols and a in ("-e", "--extended") and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                cols = args[i + 1]
+            return _lscpu_extended(cols, any(x in ("-J", "--json") for x in args))
     rows = _lscpu_rows()
     if any(a in ("-J", "--json") for a in args):
         print(json.dumps({"lscpu": [{"field": k, "data": v} for k, v in rows]}, indent=3))
