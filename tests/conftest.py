@@ -43,11 +43,14 @@ def _need_lab() -> None:
 
 @pytest.fixture(scope="session")
 def lab_inventory() -> Path:
-    """A healthy two-host lab (A head, B worker); every test leaves it healed."""
+    """A healthy two-host lab (A head, B worker) serving with the stand-in engine; every test leaves it
+    healed. The stand-in is for the tests of railyard's own decisions that launch again and again (a
+    fault each): it is up in about 2 s where the real engine takes about a minute. Modules that prove
+    railyard against the real vLLM take `real_lab` instead."""
     _need_lab()
     from railyard import lab
     from railyard.lab import faults
-    path = lab.up(2, log=lambda *_: None)
+    path = lab.up(2, log=lambda *_: None, engine="stand-in")
     faults.heal()
     yield path
     faults.heal()
@@ -55,16 +58,39 @@ def lab_inventory() -> Path:
 
 @pytest.fixture(scope="module")
 def hgx8_inventory(lab_inventory) -> Path:
-    """The lab as two hgx8 hosts (8 x H200 each) for one module; the station lab is back afterwards
-    (lab.up rebuilds the hosts for another shape in about a second; same inventory path)."""
+    """The lab as two hgx8 hosts (8 x H200 each, the stand-in engine) for one module; the station lab
+    is back afterwards (lab.up rebuilds the hosts for another shape in about a second; same path)."""
     from railyard import lab
     from railyard.lab import faults
     faults.heal()
-    path = lab.up(2, log=lambda *_: None, shape="hgx8")
+    path = lab.up(2, log=lambda *_: None, shape="hgx8", engine="stand-in")
     yield path
     faults.heal()
-    lab.up(2, log=lambda *_: None)  # the shape every other lab test expects
+    lab.up(2, log=lambda *_: None, engine="stand-in")  # the shape every other lab test expects
     faults.heal()
+
+
+@contextlib.contextmanager
+def real_lab(layout: str):
+    """The lab as `inv lab.up --layout LAYOUT` makes it, serving with the real vLLM (its CPU build), the
+    lab checkpoint on every host; afterwards every container removed and the stand-in station lab back."""
+    _need_lab()
+    from railyard import lab
+    from railyard.lab import faults
+    from railyard.lab.checkpoint import write_checkpoint
+    path = lab.up(log=lambda *_: None, engine="vllm", layout=layout)
+    faults.heal()
+    for h in lab.hosts_of(lab.lab_dir()):
+        write_checkpoint(home(h.name) / lab.lab_model_path(layout).removeprefix("~/"), 0.002, 2,
+                         kind=lab.model_kind(layout))
+    try:
+        yield path
+    finally:
+        faults.heal()
+        for h in lab.hosts_of(lab.lab_dir()):
+            on(h.name, "docker ps -a --format '{{.Names}}' | xargs -r docker rm -f >/dev/null 2>&1; rm -rf ~/models; true")
+        lab.up(2, log=lambda *_: None, engine="stand-in")
+        faults.heal()
 
 
 @pytest.fixture
@@ -83,6 +109,17 @@ def on(host: str, *argv: str) -> subprocess.CompletedProcess:
     line = argv[0] if len(argv) == 1 else shlex.join(argv)
     return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
                           timeout=60)
+
+
+def processes_of(host: str, needle: str) -> list[str]:
+    """The command lines on a lab host that contain needle: the hosts share this machine's PID space, so
+    only the processes in the host's own network namespace are its own."""
+    import shlex
+    script = ("me=$(readlink /proc/self/ns/net); for d in /proc/[0-9]*; do "
+              "[ \"$(readlink $d/ns/net 2>/dev/null)\" = \"$me\" ] || continue; "
+              "c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); case \"$c\" in *" + shlex.quote(needle) + "*) echo \"$c\";; esac; "
+              "done")
+    return [ln for ln in on(host, script).stdout.splitlines() if "readlink /proc/self/ns/net" not in ln]  # not itself
 
 
 def remove_containers(*names: str, hosts=("A", "B")) -> None:
@@ -147,7 +184,7 @@ def station_ready(inv_path):
     faults.heal()
     remove_containers("glm53-full")
     for h in ("A", "B"):
-        write_checkpoint(home(h) / "models" / "GLM-5.3-NVFP4", 0.002, 2)
+        write_checkpoint(home(h) / "models" / "tiny-qwen3", 0.002, 2)
     r = inv_cmd("env", env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     try:

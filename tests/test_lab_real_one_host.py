@@ -1,0 +1,100 @@
+"""The one-host layouts served by the real vLLM (its CPU build) on an hgx8 lab host: single_node_tp
+with TP=2 over two of its eight GPUs (each GPU is an engine worker process on this machine's two
+cores), one real bring-up shared by the module; its launch_server.sh run by hand; and dp_ep, which
+the CPU build starts but cannot serve: experts parallel across DP ranks needs an all-gather its CPU
+communicator does not have, and the first request kills the engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from railyard.lab import components, lab_dir, lab_host, ssh_argv
+
+from .conftest import home, inv_cmd, on, processes_of, real_lab
+
+pytestmark = pytest.mark.lab
+TP = "vllm-tp8"   # the layout's container name (its reference runs TP=8)
+
+
+def run(*args, inv, timeout=420):
+    return inv_cmd(*args, env={"RAILYARD_INVENTORY": str(inv)}, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def served():
+    with real_lab("single_node_tp") as inv:
+        assert run("env", inv=inv).returncode == 0
+        r = run("launch", inv=inv)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        yield inv
+
+
+def test_two_real_workers_hold_the_two_gpus_the_plan_gave_them(served):
+    doc = json.loads(on("A", f"docker inspect {TP}").stdout)[0]
+    given = doc["HostConfig"]["DeviceRequests"][0]["DeviceIDs"]
+    uuids = on("A", "nvidia-smi --query-gpu=uuid --format=csv,noheader").stdout.split()
+    assert given == uuids[:2]                       # the first two GPUs, by UUID
+    apps = dict(line.split(", ") for line in on(
+        "A", "nvidia-smi --query-compute-apps=gpu_uuid,process_name --format=csv,noheader").stdout.splitlines())
+    assert apps == {uuids[0]: "VLLM::Worker_TP0", uuids[1]: "VLLM::Worker_TP1"}
+    assert any("--tensor-parallel-size 2" in p for p in processes_of("A", f"{components.program('vllm')} serve /model"))
+
+
+def test_health_plan_logs_and_a_noop_relaunch(served):
+    h = run("health", "--json", inv=served)
+    assert h.returncode == 0 and json.loads(h.stdout)["ok"], h.stdout
+    p = json.loads(run("plan", "--against-engine", "--json", inv=served).stdout)
+    assert [(x["planned_tokens"], x["engine_tokens"]) for x in p["data"]["engines"]] == [(2_097_152, 2_097_152)]
+    logs = run("logs", "--lines", "400", inv=served).stdout
+    assert "CPU KV cache size: 2,097,152 tokens" in logs
+    again = run("launch", inv=served)
+    assert again.returncode == 0 and "already running with this configuration" in again.stdout
+    v = run("verify-rdma", inv=served)
+    assert v.returncode == 0 and "SKIP" in v.stdout
+
+
+def test_bench_c_1_2_against_the_real_engine(served, tmp_path):
+    r = run("bench", "--concurrency", "1,2", "--isl", "64", "--osl", "16", "--requests", "2", "--warmup", "1",
+            "--out", str(tmp_path), inv=served)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(sorted(tmp_path.glob(f"{TP}/*/summary.json"))[-1].read_text())
+    pts = s["series"][0]["points"]
+    assert [p["concurrency"] for p in pts] == [1, 2] and all(p["errors"] == 0 for p in pts)
+    assert all(p["metrics"]["output_tok_s"] > 0 for p in pts)
+
+
+def test_stop_frees_both_gpus_launch_server_sh_serves_and_start_serves_again(served):
+    """stop, then the layout's launch_server.sh by hand on the freed GPUs (as a submission is run),
+    then start: the same container serves again."""
+    assert run("stop", inv=served).returncode == 0
+    assert on("A", "nvidia-smi --query-compute-apps=pid --format=csv,noheader").stdout == ""
+    out = home("A") / "submission"
+    r = run("launch-script", "--out", str(out), inv=served)
+    assert r.returncode == 0, r.stderr
+    root = lab_dir()
+    line = ("cd ~/submission; PORT=8123 MODEL_PATH=~/models/tiny-qwen3 SERVE_HOST=127.0.0.1 "
+            "setsid nohup ./launch_server.sh > ~/submission.log 2>&1 < /dev/null & echo $!")
+    pid = subprocess.run(ssh_argv(root, lab_host(root, "A"), [line]), capture_output=True, text=True,
+                         timeout=60).stdout.strip()
+    try:
+        code = ""
+        for _ in range(300):
+            code = on("A", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8123/health").stdout
+            if code == "200" or on("A", f"kill -0 -- -{pid}").returncode:   # serving, or its engine is gone
+                break
+            time.sleep(1)
+        assert code == "200", (home("A") / "submission.log").read_text()[-3000:]
+        models = on("A", "curl -s http://127.0.0.1:8123/v1/models").stdout
+        assert "railyard-lab/tiny-qwen3" in models, models
+        assert "Application startup complete" in (home("A") / "submission.log").read_text()
+    finally:
+        on("A", f"kill -- -{pid} 2>/dev/null; sleep 5; kill -9 -- -{pid} 2>/dev/null; true")
+        shutil.rmtree(out, ignore_errors=True)
+    r = run("start", inv=served)
+    assert r.returncode == 0 and "start: ready" in r.stdout, r.stdout[-2000:] + r.stderr
+    assert run("health", inv=served).returncode == 0

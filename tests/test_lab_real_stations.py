@@ -1,0 +1,142 @@
+"""The two-station bring-up served by the real vLLM (its CPU build, the lab's engine venv): railyard's
+rendered `docker run`, flags and environment are what the real `vllm serve` parses, TP=2 over the lab
+rail, worker first. One real bring-up is shared by the module's tests (a start takes about a minute
+on two cores); what only a GPU adds is the lab's GPU layer (the memory nvidia-smi shows, the NCCL
+log). Also `inv bench` against the real scheduler: AIPerf's numbers, and a max_num_seqs sweep whose
+effect is the engine's own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from railyard.lab import components
+
+from .conftest import home, inv_cmd, on, processes_of, real_lab
+
+pytestmark = pytest.mark.lab
+NAME = "glm53-full"
+SMALL = ("--isl", "64", "--osl", "16", "--requests", "2", "--warmup", "1")
+
+
+def run(*args, inv, timeout=420):
+    return inv_cmd(*args, env={"RAILYARD_INVENTORY": str(inv)}, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def served():
+    with real_lab("multinode_tp") as inv:
+        assert run("env", inv=inv).returncode == 0
+        r = run("launch", "--json", inv=inv)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        yield inv, json.loads(r.stdout)
+
+
+def _key() -> str:
+    return (home("A") / ".config" / "railyard" / "vllm-api-key").read_text().strip()
+
+
+def test_the_serving_processes_are_the_real_vllm_and_it_answers_through_both_ranks(served):
+    inv, _ = served
+    exe = str(components.program("vllm"))
+    for h, headless in (("A", False), ("B", True)):
+        real = processes_of(h, f"{exe} serve /model")
+        assert real                          # the venv's own `vllm serve`, not the stand-in
+        assert all(("--headless" in p) == headless for p in real) and "--tensor-parallel-size 2" in real[0]
+    body = json.dumps({"model": "railyard-lab/tiny-qwen3", "max_tokens": 4, "temperature": 0,
+                       "messages": [{"role": "user", "content": "hello there"}]})
+    r = on("A", f"curl -s -H 'Authorization: Bearer {_key()}' -H 'Content-Type: application/json' -d '{body}' "
+                "http://127.0.0.1:8000/v1/chat/completions")
+    doc = json.loads(r.stdout)
+    # the real engine's fingerprint names its version and the tensor-parallel pair that answered
+    assert doc["system_fingerprint"].startswith("vllm-0.32.0-tp2-"), doc
+    assert doc["usage"]["completion_tokens"] == 4
+
+
+def test_launch_reports_every_milestone_from_the_real_log_and_relaunch_is_a_noop(served):
+    inv, doc = served
+    t = {e["service"]: e for e in doc["data"]["timeline"]}
+    head, worker = t["head"], t["worker-1"]
+    assert all(head["seconds"][k] > 0 for k in ("weights_loaded", "kv_cache_allocated", "engine_initialised",
+                                                 "api_ready")), head
+    assert head["seconds"]["weights_loaded"] <= head["seconds"]["kv_cache_allocated"] <= head["seconds"]["api_ready"]
+    assert worker["seconds"]["weights_loaded"] > 0 and worker["not_applicable"] == ["engine_initialised", "api_ready"]
+    again = run("launch", "--json", inv=inv)
+    assert again.returncode == 0 and json.loads(again.stdout)["data"]["noop"] is True
+
+
+def test_health_passes_the_real_engine_and_its_gpu_layer(served):
+    inv, _ = served
+    r = run("health", "--json", inv=inv)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["ok"], r.stdout
+    chat = next(p for p in doc["data"]["probes"] if p["name"] == "chat completion")
+    assert "finish_reason length; 16 token(s)" in chat["detail"]   # a random model never stops: still healthy
+    # the GPU layer: each real worker holds its station's GB300, by the title the engine gave it
+    assert [x["serving_process"] for x in doc["data"]["ranks"]] == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"]
+    assert all(x["gpu_used_mib"] > 200_000 for x in doc["data"]["ranks"])
+    v = run("verify-rdma", "--json", inv=inv)
+    assert v.returncode == 0 and json.loads(v.stdout)["ok"]       # the layer's NCCL log, from the container
+
+
+def test_plan_against_the_engine_matches_its_kv_cache_exactly(served):
+    inv, _ = served
+    r = run("plan", "--against-engine", "--json", inv=inv)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout)["data"]["engines"]
+    assert [(x["service"], x["planned_tokens"], x["engine_tokens"], x["difference_pct"]) for x in rows] == [
+        ("head", 2_097_152, 2_097_152, 0.0)]    # 1 GiB per rank / (2 layers x K,V x 1 KV head of 64 x 2 bytes)
+
+
+def test_logs_and_status_show_the_real_engine(served):
+    inv, _ = served
+    r = run("logs", "--rank", "B", "--lines", "400", inv=inv)
+    assert r.returncode == 0 and "Launching vLLM (v0.32.0) headless multiproc executor" in r.stdout
+    st = json.loads(run("status", "--json", inv=inv).stdout)
+    assert st["ok"] and [x["state"] for x in st["data"]["ranks"]] == ["running", "running"]
+
+
+def test_bench_c_1_2_measures_the_real_scheduler_and_keeps_the_key_out(served, tmp_path):
+    inv, _ = served
+    r = run("bench", "--concurrency", "1,2", *SMALL, "--out", str(tmp_path), inv=inv)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(sorted(tmp_path.glob(f"{NAME}/*/summary.json"))[-1].read_text())
+    pts = s["series"][0]["points"]
+    assert [p["concurrency"] for p in pts] == [1, 2] and all(p["errors"] == 0 for p in pts)
+    assert all(p["metrics"]["output_tok_s"] > 0 and p["metrics"]["ttft_mean_s"] > 0 for p in pts)
+    run_dir = Path(s["dir"])
+    assert (run_dir / "c1" / "server_metrics_export.json").is_file()   # the engine's own /metrics, scraped
+    assert not [f for f in run_dir.rglob("*") if f.is_file() and _key().encode() in f.read_bytes()]
+
+
+def test_a_max_num_seqs_sweep_shows_the_engines_own_queueing(served, tmp_path):
+    """max_num_seqs=1 against the inventory's 16 (that value is the running configuration: no relaunch
+    for it, and none to restore after it)."""
+    inv, _ = served
+    r = run("bench", "--concurrency", "4", "--isl", "64", "--osl", "32", "--requests", "4", "--warmup", "1",
+            "--out", str(tmp_path), "--sweep", "max_num_seqs=1,16", inv=inv, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(sorted(tmp_path.glob(f"{NAME}/*/summary.json"))[-1].read_text())
+    assert [x["label"] for x in s["series"]] == ["max_num_seqs=1", "max_num_seqs=16"] and s["restored"] is True
+    m = {x["value"]: x["points"][0]["metrics"] for x in s["series"]}
+    # one sequence at a time: the scheduler makes three of four requests wait for their first token
+    assert m["1"]["ttft_mean_s"] > 2 * m["16"]["ttft_mean_s"], m
+    assert json.loads(run("status", "--json", inv=inv).stdout)["ok"]   # the inventory's configuration again
+
+
+def test_stop_frees_the_gpus_and_start_head_first_brings_the_pair_back(served):
+    """launch started the worker first (B -> A); start, head first, has the head wait for its worker."""
+    inv, _ = served
+    r = run("stop", inv=inv)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for h in ("A", "B"):                 # the real workers are gone, and with them the GPU memory they held
+        assert "VLLM::Worker" not in on(h, "nvidia-smi --query-compute-apps=pid,name --format=csv").stdout
+        assert not processes_of(h, f"{components.program('vllm')} serve")
+    r = run("start", "--rank-order", "A,B", inv=inv)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    assert "(A -> B)" in r.stdout, r.stdout
+    assert run("health", inv=inv).returncode == 0
