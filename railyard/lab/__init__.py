@@ -881,9 +881,13 @@ REAL_HGX8 = {
     "single_node_tp": {"cluster_gpus_per_host": 2, "vllm_tensor_parallel_size": 2},
     "dp_ep": {"cluster_gpus_per_host": 2, "vllm_tensor_parallel_size": 1, "vllm_data_parallel_size": 2},
     "replicas": {"cluster_gpus_per_host": 2, "vllm_replicas": 2, "vllm_tensor_parallel_size": 1},
-    # one prefill and one decode instance of one DP rank; NIXL's KV buffer in host memory (no GPU
-    # memory), over UCX's TCP transport on the serve rail (the lab has no RDMA device for rc_mlx5)
-    "pd": {"pd_prefill_defaults": {"vllm_data_parallel_size": 1}, "pd_decode_defaults": {"vllm_data_parallel_size": 1},
+    # one prefill and one decode instance of one DP rank, on the dense model (no experts to spread,
+    # no MTP head, no FlashInfer all2all); NIXL's KV buffer in host memory (no GPU memory), over
+    # UCX's TCP transport on the serve rail (the lab has no RDMA device for rc_mlx5)
+    "pd": {"cluster_gpus_per_host": 1, "vllm_enable_expert_parallel": False,
+           "pd_prefill_defaults": {"vllm_data_parallel_size": 1, "vllm_speculative_config": None},
+           "pd_decode_defaults": {"vllm_data_parallel_size": 1, "vllm_speculative_config": None,
+                                  "vllm_all2all_backend": None, "vllm_compilation_config": None},
            "pd_kv_buffer_device": "cpu", "pd_ucx_tls": "tcp,self,sm", "pd_ucx_net_devices": SHAPES["hgx8"]["serve_rail"]},
 }
 # dp_ep needs experts: the lab's MoE model (tinymodel.py, kind moe)

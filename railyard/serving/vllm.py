@@ -38,6 +38,13 @@ NCCL_ENV = (
     ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1"), ("FLASHINFER_DISABLE_VERSION_CHECK", "1"),
 )
 
+# What a service with a KV connector (NIXL, LMCache) leaves out of NCCL_ENV: vLLM 0.32 refuses
+# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True beside any KV connector ("KV connector NixlConnector
+# is incompatible with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ...", vllm/config/vllm.py):
+# CUDA VMM can remap the KV cache the connector registered for RDMA.
+NO_EXPANDABLE_SEGMENTS = "PYTORCH_CUDA_ALLOC_CONF"
+
+
 def ib_hca_device(setting: str) -> str:
     """The first device an NCCL_IB_HCA value names: `=mlx5_1:1,mlx5_2` -> `mlx5_1`."""
     return setting.lstrip("=^").split(",")[0].split(":")[0]

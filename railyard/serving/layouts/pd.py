@@ -35,8 +35,8 @@ from ...inventory import IMAGE_RE, Host, Inventory, origin_of
 from ..hostfacts import HostFacts, on_host
 from ..spec import HEAD_ADDR, ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest, Service, \
     Stage, is_loopback
-from ..vllm import ALL2ALL_BACKENDS, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, serve_command, \
-    service_env_path
+from ..vllm import ALL2ALL_BACKENDS, KV_LINE, NCCL_SO_SETUP, NO_EXPANDABLE_SEGMENTS, READY_LINE, VllmConfig, \
+    nccl_env, serve_command, service_env_path
 
 POOLS = ("prefill", "decode")
 ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -309,7 +309,9 @@ class Pd:
                 group_args += ["--data-parallel-start-rank", str(node * local)]
         command = serve_command(replace(cfg, bind=rail.ip), group_args, headless=node > 0) + ("--kv-transfer-config", kv)
         values = {"rail_hca": rail.hca, "gid_index": f.gid_index, "rail_iface": rail.name, "node_ip": rail.ip}
-        env = dict(nccl_env(values))  # the DP/EP ranks inside the instance still talk NCCL
+        # the DP/EP ranks inside the instance still talk NCCL; no expandable_segments: its CUDA VMM
+        # remaps the KV cache NIXL registered, and vLLM (0.32) refuses it beside any KV connector
+        env = dict(nccl_env(values, drop=(NO_EXPANDABLE_SEGMENTS,)))
         env.update({"UCX_TLS": v["pd_ucx_tls"], "UCX_NET_DEVICES": devices, "UCX_LOG_LEVEL": "info",
                     "VLLM_NIXL_SIDE_CHANNEL_HOST": rail.ip, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)})
         env.update(dict(cfg.extra_env))
