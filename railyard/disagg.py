@@ -14,7 +14,7 @@ import secrets
 
 from .ops.containers import inspect, log_tail
 from .ops.http import parse_metrics, request
-from .ops.pd import each_service, find_request, proof_prompt
+from .ops.pd import each_service, find_request, marker, proof_prompt
 from .runner import Runner
 from .serving.layouts.pd import members
 from .serving.spec import Endpoint, LaunchPlan, Service
@@ -78,17 +78,18 @@ def _instance(s: Session, svc: Service) -> tuple[list[Probe], dict]:
 def _timed(runner: Runner, plan: LaunchPlan, words: int) -> tuple[Probe, dict]:
     s = runner.session(plan.endpoint.host)
     out: dict = {}
-    nonce = f"railyard-health-{secrets.token_hex(6)}"
+    nonce, seed = f"railyard-health-{secrets.token_hex(6)}", marker()
     times = {}
     for n in (1, TPOT_TOKENS):
         body = {"model": plan.endpoint.model, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                **({"seed": seed} if n == TPOT_TOKENS else {}),
                 "messages": [{"role": "user", "content": proof_prompt(words, f"{nonce}-{n}")}]}
         code, ms, text, _ = request(s, plan.endpoint, "/v1/chat/completions", body, timeout=600)
         if code != 200:
             return Probe("request via proxy", False, f"HTTP {code}: {text.strip()[:160]}"), out
         times[n] = ms
     ttft, tpot = times[1] / 1000, (times[TPOT_TOKENS] - times[1]) / 1000 / (TPOT_TOKENS - 1)
-    rid, pre, dec = find_request(runner, plan, f"{nonce}-{TPOT_TOKENS}")
+    rid, pre, dec = find_request(runner, plan, seed)
     out.update(ttft_s=round(ttft, 4), tpot_ms=round(tpot * 1000, 2), request_id=rid or None, prefill=pre, decode=dec)
     both = bool(pre and dec)
     return Probe("request via proxy", both,

