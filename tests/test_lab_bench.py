@@ -36,6 +36,24 @@ def _summary(out: Path) -> dict:
     return json.loads(found[-1].read_text())
 
 
+def test_a_key_that_starts_with_a_dash_reaches_aiperf_s_own_parser_as_the_key():
+    # token_urlsafe draws "-" first one time in 64: AIPerf 0.13's parser then took `--api-key -KEY` for two
+    # options and every bench of that deployment failed ("parameter --api-key requires an argument")
+    from railyard.bench import aiperf
+    probe = ("import importlib.util, sys\n"
+             "spec = importlib.util.spec_from_file_location('launcher', sys.argv[1])\n"
+             "launcher = importlib.util.module_from_spec(spec); spec.loader.exec_module(launcher)\n"
+             "from aiperf.cli import app\n"
+             "args = launcher.command(['profile', '--model', 'm', '--url', 'http://127.0.0.1:1'], sys.argv[2])\n"
+             "_, bound, _ = app.parse_args(args, exit_on_error=False, print_error=False)\n"
+             "print(bound.arguments['cli_config'].api_key)\n")
+    venv = aiperf.ensure(log=lambda *_: None)
+    for key in ("-Xy_9", "--x", "plain"):
+        r = subprocess.run([str(venv / "bin" / "python"), "-I", "-c", probe, str(aiperf.LAUNCHER), key],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == key, r.stdout + r.stderr
+
+
 def test_c_1_2_4_writes_aiperf_s_exports_the_table_the_json_and_the_plots(served, tmp_path):
     r = run("bench", "--concurrency", "1,2,4", *SMALL, "--out", str(tmp_path),
             "--slo", "per_user_tok_s>=1", "--slo", "ttft_p90_s<=0.000001", inv=served)
@@ -65,7 +83,7 @@ def test_c_1_2_4_writes_aiperf_s_exports_the_table_the_json_and_the_plots(served
     key = (home("A") / ".config" / "railyard" / "vllm-api-key").read_text().strip()
     assert key and not [f for f in run_dir.rglob("*") if f.is_file() and key.encode() in f.read_bytes()]
     doc = json.loads((run_dir / "c1" / "profile_export_aiperf.json").read_text())
-    assert "--api-key '<redacted>'" in doc["run_info"]["cli_command"]
+    assert "--api-key='<redacted>'" in doc["run_info"]["cli_command"]
     assert key not in r.stdout + r.stderr
 
     # --compare: the same table with deltas, both runs on the plots; --require makes the failed SLO exit 1
@@ -180,7 +198,7 @@ def test_aiperf_on_the_head_reads_the_key_there_and_brings_its_exports_back(serv
     assert s["where"] == "head" and s["series"][0]["points"][0]["requests"] == 4
     d = Path(s["dir"]) / "c2"
     assert (d / "profile_export_aiperf.json").is_file() and (d / "aiperf.out").is_file()
-    assert "--api-key '<redacted>'" in json.loads((d / "profile_export_aiperf.json").read_text())["run_info"]["cli_command"]
+    assert "--api-key='<redacted>'" in json.loads((d / "profile_export_aiperf.json").read_text())["run_info"]["cli_command"]
     key = (home("A") / ".config" / "railyard" / "vllm-api-key").read_text().strip()
     assert not [f for f in Path(s["dir"]).rglob("*") if f.is_file() and key.encode() in f.read_bytes()]
     bad = run("bench", "--where", "head", "--concurrency", "1", "--out", str(tmp_path), "--set",
