@@ -80,7 +80,8 @@ def real_lab(layout: str):
     from railyard.lab.checkpoint import write_checkpoint
     path = lab.up(log=lambda *_: None, engine="vllm", layout=layout)
     faults.heal()
-    for h in lab.hosts_of(lab.lab_dir()):
+    for h in lab.hosts_of(lab.lab_dir()):   # a bring-up of its own: nothing an earlier one left
+        on(h.name, "docker ps -a --format '{{.Names}}' | xargs -r docker rm -f >/dev/null 2>&1; true")
         write_checkpoint(home(h.name) / lab.lab_model_path(layout).removeprefix("~/"), 0.002, 2,
                          kind=lab.model_kind(layout))
     try:

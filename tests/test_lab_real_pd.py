@@ -1,0 +1,61 @@
+"""serve_layout pd on the real vLLM (its CPU build) and the real NIXL 1.5.1: one prefill instance on
+hgx8 host A, one decode instance on B, the real vllm-router on A. NIXL moves the prompt's KV blocks
+between the hosts' rail addresses over UCX's TCP transport (the lab has no RDMA device), staged in
+host memory (pd_kv_buffer_device: cpu). One real bring-up for the module: the launch's own P->D
+proof, health's timed request through both pools, and verify-rdma giving the TCP path no pass."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import inv_cmd, on, real_lab
+
+pytestmark = pytest.mark.lab
+DEP = "vllm-pd"
+
+
+def run(*args, inv, timeout=420):
+    return inv_cmd(*args, env={"RAILYARD_INVENTORY": str(inv)}, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def pd():
+    with real_lab("pd") as inv:
+        assert run("env", inv=inv).returncode == 0
+        r = run("launch", inv=inv)
+        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+        yield inv, r.stdout
+
+
+def test_the_launch_proves_the_kv_moved_from_prefill_to_decode_over_nixl(pd):
+    inv, out = pd
+    assert "P->D path: a 64-word prompt through the proxy" in out and "moved to decode-0 over NIXL" in out
+    logs = on("B", f"docker logs {DEP}-decode-0 2>&1").stdout
+    assert "NIXL compatibility check passed" in logs       # the real handshake between the two engines
+    assert "Backend UCX was instantiated" in on("A", f"docker logs {DEP}-prefill-0 2>&1").stdout
+
+
+def test_health_times_a_request_through_both_pools_of_real_engines(pd):
+    inv, _ = pd
+    r = run("health", "--json", inv=inv)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0, [c for c in doc["checks"] if c["status"] != "pass"]
+    req = doc["data"]["metrics"]["request"]
+    assert req["prefill"] == ["prefill-0"] and req["decode"] == ["decode-0"] and req["ttft_s"] > 0
+    kv = doc["data"]["metrics"]["instances"]
+    assert kv["prefill-0"]["kv_per_rank"] == {"0": 1_048_576} == kv["decode-0"]["kv_per_rank"]
+
+
+def test_verify_rdma_gives_no_pass_to_nixl_over_tcp(pd):
+    """No RDMA device here: UCX_NET_DEVICES names the serve rail's netdev, no HCA, and the real UCX of
+    the nixl 1.5.1 wheel (1.23) printed no endpoint line at UCX_LOG_LEVEL=info in the lab: railyard's
+    judge has no positive evidence of RDMA and must not pass; each reason names only what it read."""
+    inv, _ = pd
+    r = run("verify-rdma", "--json", inv=inv)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and not doc["ok"], r.stdout
+    nixl = [c for c in doc["checks"] if c["check"] == "nixl"]
+    assert nixl and all(c["status"] == "fail" for c in nixl), nixl
+    assert all("UCX_NET_DEVICES=enp24s0np0 names no rail HCA" in c["detail"] for c in nixl), nixl
