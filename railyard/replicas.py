@@ -2,14 +2,16 @@
 
 Probes, each from the host itself (the replicas and LMCache listen on 127.0.0.1 there):
 - each replica: /health, its KV cache size, and its LMCache connector's registration line;
-- LMCache: /healthcheck, and /status: one registered GPU id per GPU of every live replica;
+- LMCache: /healthcheck, and /status: one registered worker per GPU of every live replica (a GPU id
+  for a CUDA engine; an engine-driven context, of its world size, for a CPU engine);
 - the router: /health/readiness (the proxy is up), its authenticated /health (which replicas it
   sees healthy, and why not the others), and a real chat completion through it, with the replica
   that answered (LiteLLM's x-litellm-model-id header).
 
-The cache proof sends one long prompt, new each time, to r0 and then to r1 directly: r1 must
-answer its first token clearly faster (< PROOF_RATIO x r0's time) and LMCache must have
-retrieved tokens for it; otherwise the cache is not shared (a PYTHONHASHSEED mismatch, say).
+The cache proof sends one long prompt, new each time, to r0 and then to r1 directly: LMCache must
+have retrieved tokens for r1 and r1's engine counted them as external prefix-cache hits; otherwise
+the cache is not shared (a PYTHONHASHSEED mismatch, say). Both times are shown, with a note when
+r1 was not clearly faster (< PROOF_RATIO x r0's time): the reuse is the verdict, the speed a figure.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import replace
 from .ops.containers import log_tail
 from .ops.http import parse_metrics, request
 from .runner import Runner
-from .serving.lmcache import HEALTH_PATH, REGISTERED_LINE, STATUS_PATH, parse_status
+from .serving.lmcache import HEALTH_PATH, REGISTERED_LINE, STATUS_PATH, ServerStatus, parse_status
 from .serving.litellm import READY_PATH, parse_health
 from .serving.spec import Endpoint, LaunchPlan, Service
 from .serving.vllm import parse_kv_cache
@@ -47,6 +49,27 @@ def _replica_probes(s: Session, plan: LaunchPlan, svc: Service) -> tuple[list[Pr
                    f"no `{REGISTERED_LINE}` line: it is not connected to LMCache"))], data
 
 
+def judge_registrations(st: ServerStatus, want: int, replicas: int) -> tuple[bool, str]:
+    """LMCache's registered workers against the live replicas' GPUs. Fewer: a live replica is not
+    registered. More engine-driven contexts than live workers, with LMCache's liveness reaper on: a
+    restarted CPU engine registers a new instance id and the old one stays until its heartbeat has been
+    missing for the reap timeout (real LMCache 0.5.6: 120 s, reaped within 30 s more): shown, not
+    failed. More GPU ids: a crashed CUDA replica LMCache still holds (recover's long path)."""
+    n = st.workers
+    what = " and ".join(x for x in (f"{len(st.registered_gpu_ids)} GPU ids" if st.registered_gpu_ids else "",
+                                    f"{len(st.engine_instances)} engine-driven (non-CUDA) contexts of "
+                                    f"{n - len(st.registered_gpu_ids)} workers" if st.engine_instances else "") if x)
+    detail = f"{what or 'nothing'} registered, {want} workers expected (one per GPU of {replicas} live replicas)"
+    if n == want:
+        return True, detail
+    if n < want:
+        return False, detail + "; a live replica is not registered with LMCache"
+    if len(st.registered_gpu_ids) <= want and st.reap_timeout_s is not None:
+        return True, (detail + f"; {n - want} more: a restarted engine's old context, which LMCache drops once it has "
+                      f"been silent for over {st.reap_timeout_s:.0f} s")
+    return False, detail + "; a stale one is a crashed replica LMCache has not reaped"
+
+
 def _lmcache_probes(s: Session, plan: LaunchPlan, live: list[Service]) -> tuple[list[Probe], dict]:
     svc = plan.service("lmcache")
     ep = Endpoint.of(svc)
@@ -63,12 +86,10 @@ def _lmcache_probes(s: Session, plan: LaunchPlan, live: list[Service]) -> tuple[
     if st is None:
         out.append(Probe("lmcache registrations", False, f"/status: HTTP {code}: {text.strip()[:120]}", ms))
         return out, data
-    data.update(registered_gpu_ids=list(st.registered_gpu_ids), l1_used_bytes=st.l1_used_bytes,
-                l1_total_bytes=st.l1_total_bytes)
-    n = len(st.registered_gpu_ids)
-    out.append(Probe("lmcache registrations", n == want,
-                     f"{n} GPU ids registered, {want} expected (one per GPU of {len(live)} live replicas)"
-                     + ("" if n == want else "; a stale id is a crashed replica LMCache has not reaped"), ms))
+    data.update(registered_gpu_ids=list(st.registered_gpu_ids), engine_instances=[i for i, _ in st.engine_instances],
+                l1_used_bytes=st.l1_used_bytes, l1_total_bytes=st.l1_total_bytes)
+    ok, detail = judge_registrations(st, want, len(live))
+    out.append(Probe("lmcache registrations", ok, detail, ms))
     return out, data
 
 
@@ -142,6 +163,11 @@ def _retrieved(s: Session, name: str) -> int:
     return sum(int(m) for m in _RETRIEVED.findall(r.stdout))
 
 
+def _external_hits(s: Session, svc: Service, plan: LaunchPlan) -> float | None:
+    m = parse_metrics(request(s, Endpoint.of(svc, plan.endpoint.model), "/metrics", timeout=10)[2])
+    return m.get("vllm:external_prefix_cache_hits_total")
+
+
 def cache_proof(runner: Runner, plan: LaunchPlan, tokens: int) -> tuple[Probe, dict]:
     replicas = [x for x in plan.services() if x.role == "replica"]
     if len(replicas) < 2:
@@ -153,7 +179,7 @@ def cache_proof(runner: Runner, plan: LaunchPlan, tokens: int) -> tuple[Probe, d
     body = {"model": plan.endpoint.model, "temperature": 0, "max_tokens": 1,
             "messages": [{"role": "user", "content": prompt}]}
     out: dict = {"prompt_words": tokens}
-    before = _retrieved(s, lmc)
+    before, hits_before = _retrieved(s, lmc), _external_hits(s, second, plan)
     for svc in (first, second):
         code, ms, text, _ = request(s, Endpoint.of(svc, plan.endpoint.model), "/v1/chat/completions", body,
                                     timeout=1800)
@@ -162,18 +188,24 @@ def cache_proof(runner: Runner, plan: LaunchPlan, tokens: int) -> tuple[Probe, d
         out[f"{svc.name}_ms"] = round(ms, 1)
         if svc is first:
             mid = _retrieved(s, lmc)
-    after = _retrieved(s, lmc)
+    after, hits_after = _retrieved(s, lmc), _external_hits(s, second, plan)
     out["retrieved_tokens"] = after - mid
     out["retrieved_tokens_first"] = mid - before
-    m = parse_metrics(request(s, Endpoint.of(second, plan.endpoint.model), "/metrics", timeout=10)[2])
-    hits = m.get("vllm:external_prefix_cache_hits_total")
+    hits = None if hits_before is None or hits_after is None else hits_after - hits_before
     out["external_prefix_cache_hits"] = hits
     t0, t1 = out[f"{first.name}_ms"], out[f"{second.name}_ms"]
-    faster = t1 < PROOF_RATIO * t0
-    ok = faster and out["retrieved_tokens"] > 0
+    # the verdict is the reuse, read on both sides: LMCache logged the tokens it retrieved for the second
+    # replica, whose engine counted them as external prefix-cache hits. The speed-up is a figure: on a
+    # small model (the lab's real engine on a CPU) fetching the KV costs about what computing it does
+    ok = out["retrieved_tokens"] > 0 and (hits is None or hits > 0)
     detail = (f"{tokens:,}-word prompt: {first.name} {t0 / 1000:.2f} s, then {second.name} {t1 / 1000:.2f} s "
               f"({t1 / t0:.2f}x); LMCache retrieved {out['retrieved_tokens']:,} tokens for {second.name} (summed over its "
-              f"{second.spec.gpus.count} workers)")
+              f"{second.spec.gpus.count} workers)"
+              + ("" if hits is None else f", its engine counted {hits:,.0f} external prefix-cache hits")
+              + ("" if hits is not None else " (its /metrics has no vllm:external_prefix_cache_hits_total)"))
+    if ok and t1 >= PROOF_RATIO * t0:
+        detail += (f"; reused but not faster (under {PROOF_RATIO}x): fetching this model's KV costs about what "
+                   "computing it does")
     if not ok:
         detail += ("; the second replica did not reuse the first one's KV blocks: check that every replica and "
                    "LMCache run with one PYTHONHASHSEED (inv env --check) and that both registered with LMCache")

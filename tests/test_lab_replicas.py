@@ -82,7 +82,7 @@ def test_launch_health_cache_proof_and_a_noop_relaunch(deployed):
     assert data["lmcache"]["healthcheck"] and len(data["lmcache"]["registered_gpu_ids"]) == 8
     assert sorted(data["router"]["healthy"]) == ["r0", "r1"] and data["router"]["answered_by"] in ("r0", "r1")
     proof = data["cache_proof"]
-    assert proof["r1_ms"] < 0.8 * proof["r0_ms"] and proof["retrieved_tokens"] > 0
+    assert proof["retrieved_tokens"] > 0 and proof["external_prefix_cache_hits"] > 0   # the stand-in's counts
     # the router's config on the host is the one rendered from the plan; the key file is 0600
     assert "model_info:\n    id: r1" in on("A", f"cat ~/.cache/railyard/serve/{DEP}/router/config.yaml").stdout
     assert on("A", "stat -c %a ~/.config/railyard/litellm-master-key").stdout.strip() == "600"

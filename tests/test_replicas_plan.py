@@ -12,6 +12,7 @@ from railyard import facts as F
 from railyard.inventory import load_inventory
 from railyard.ops import replicas as R
 from railyard.render import compose, docker
+from railyard.replicas import judge_registrations
 from railyard.serving import layouts
 from railyard.serving.hostfacts import HostFacts
 from railyard.serving.litellm import parse_health
@@ -188,6 +189,25 @@ def test_lmcache_status_and_litellm_health_parse_real_documents():
     assert rh.healthy == ("r0",) and list(rh.unhealthy) == ["r1"] and "Connect" in rh.unhealthy["r1"]
     with pytest.raises(ValueError):
         parse_health('{"status": "healthy"}')
+
+
+def test_lmcache_registrations_are_judged_on_real_status_documents():
+    # real LMCache 0.5.6 with real CPU-engine replicas (fixtures/lmcache/README.md)
+    two = parse_status((FIXTURES / "lmcache" / "status-cpu-engines.json").read_text())
+    assert two.registered_gpu_ids == () and [w for _, w in two.engine_instances] == [1, 1] and two.workers == 2
+    assert two.reap_timeout_s == 120.0
+    assert judge_registrations(two, 2, 2)[0]
+    ok, detail = judge_registrations(two, 3, 3)                   # a live replica is missing
+    assert not ok and "a live replica is not registered" in detail
+    # right after a planned restart: the old instance id until LMCache reaps it (2 to 2.5 minutes)
+    three = parse_status((FIXTURES / "lmcache" / "status-cpu-engine-restarted.json").read_text())
+    ok, detail = judge_registrations(three, 2, 2)
+    assert ok and "3 engine-driven (non-CUDA) contexts of 3 workers registered, 2 workers expected" in detail
+    assert "1 more: a restarted engine's old context" in detail and "silent for over 120 s" in detail
+    # a CUDA engine's stale GPU id is a crashed replica LMCache still holds: a failure
+    gpus = parse_status((FIXTURES / "lmcache" / "status.json").read_text())
+    ok, detail = judge_registrations(gpus, 1, 1)
+    assert not ok and "crashed replica LMCache has not reaped" in detail
 
 
 def test_a_gpu_process_maps_to_its_container_through_its_parents():

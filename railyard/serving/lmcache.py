@@ -80,18 +80,33 @@ class ServerStatus:
     registered_gpu_ids: tuple[int, ...]
     l1_used_bytes: int | None
     l1_total_bytes: int | None
+    # engine-driven (non-CUDA) contexts, as a CPU engine registers: instance id -> its world size
+    engine_instances: tuple[tuple[int, int], ...] = ()
+    # worker_liveness: an instance without a heartbeat for this long is dropped (None: no reaper)
+    reap_timeout_s: float | None = None
+
+    @property
+    def workers(self) -> int:
+        """Engine workers registered: one per GPU id (CUDA), each non-CUDA context's world size."""
+        return len(self.registered_gpu_ids) + sum(w for _, w in self.engine_instances)
 
 
 def parse_status(text: str) -> ServerStatus:
-    """GET /status of `lmcache server` (0.5.x): is_healthy, registered_gpu_ids, storage_manager's L1 use.
-    Raises ValueError on anything else."""
+    """GET /status of `lmcache server` (0.5.x): is_healthy, registered_gpu_ids (a CUDA engine's workers),
+    registered_non_cuda_instance_ids with non_cuda_context_meta's world_size (a CPU engine's),
+    worker_liveness's reap timeout and storage_manager's L1 use. Raises ValueError on anything else."""
     doc = json.loads(text)
     if not isinstance(doc, dict) or "is_healthy" not in doc:
         raise ValueError("not an LMCache /status document")
     l1 = _find(doc.get("storage_manager") or {}, "memory_used_bytes"), _find(doc.get("storage_manager") or {},
                                                                                "memory_total_bytes")
+    meta = doc.get("non_cuda_context_meta") or {}
+    engines = tuple((int(i), int((meta.get(str(i)) or {}).get("world_size") or 1))
+                    for i in doc.get("registered_non_cuda_instance_ids") or ())
+    live = doc.get("worker_liveness") or {}
+    reap = float(live["reap_timeout_seconds"]) if live.get("enabled") and live.get("reap_timeout_seconds") else None
     return ServerStatus(bool(doc["is_healthy"]), tuple(int(i) for i in doc.get("registered_gpu_ids") or ()),
-                        l1[0], l1[1])
+                        l1[0], l1[1], engines, reap)
 
 
 def _find(d, key: str):
