@@ -1,6 +1,9 @@
 """inv bench on the two-station lab: the real AIPerf 0.13.0 (railyard's own venv) against the vLLM
 stand-in on A, through railyard's SSH tunnel, with the key from A's key file. Request counts are
-tiny (2 x C measured, 1 x C warm-up): the suite runs on 2 cores."""
+tiny (2 x C measured, 1 x C warm-up): the suite runs on 2 cores.
+
+On the vLLM stand-in: each test is a launch or a sweep's relaunches (2 s each, not a minute); AIPerf
+against the real engine, c1,2 and a max_num_seqs sweep, is in test_lab_real_stations.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """`inv collect` on the two-station lab with the model served: one archive with every host's
 state, the services' logs, NCCL logs and the judge's verdicts, preflight's document, and no key
-anywhere in it; a host that cannot be reached is named in the manifest and the rest still lands."""
+anywhere in it; a host that cannot be reached is named in the manifest and the rest still lands.
+
+On the vLLM stand-in (up in 2 s): collect reads containers, logs and NCCL logs, which the stand-in
+writes as the real engine and the GPU layer do."""
 
 import json
 import tarfile

@@ -1,7 +1,9 @@
 """A host lost in the middle of a task, and Ctrl-C during a launch, on the two-station lab: the
 management link of B goes down under a running preflight (no reset: its packets just stop), and a
 launch is interrupted between its stages. (A rail dropped and Ctrl-C during sync-model are in
-test_lab_sync.py.)"""
+test_lab_sync.py.)
+
+On the vLLM stand-in: a launch cut at a chosen stage, again and again (2 s a launch, not a minute)."""
 
 import json
 import os

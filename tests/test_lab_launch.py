@@ -1,4 +1,7 @@
-"""env + launch + stop/start/status/logs against the lab's docker and vLLM stand-ins."""
+"""env + launch + stop/start/status/logs against the lab's docker and vLLM stand-ins.
+
+On the vLLM stand-in: sixteen launches, each with a fault or a flag of its own (2 s each, not a
+minute); the real engine's bring-up, timeline, stop/start and logs are in test_lab_real_stations.py."""
 
 import json
 import shlex

@@ -1,6 +1,8 @@
 """nccl-check on an hgx8 lab host (single_node_tp by default, dp_ep): one probe container with the
 engine's 8 GPUs, 8 local ranks, NCCL's intra-node transport and the bus bandwidth; the container is
-always removed."""
+always removed.
+
+NCCL's log is the GPU layer's stand-in by nature (the CPU engine talks gloo, no NCCL)."""
 
 import json
 

@@ -3,7 +3,10 @@ EP, 4 GPUs each) on A and on B, one decode instance (DP8 + EP) on C, the real vl
 Launch with the P->D proof as its last gate, health with a timed request, verify-rdma's NIXL
 judge, the proof refusing a short prompt, a KV dtype mismatch forced at run time, a side channel
 left at localhost, a killed prefill instance that the proxy routes around, and a decode instance
-over two hosts (DP16: B's ranks headless) whose headless node, killed, takes its instance down."""
+over two hosts (DP16: B's ranks headless) whose headless node, killed, takes its instance down.
+
+On the vLLM stand-in: DP4/DP8 with EP per instance, which the CPU build cannot serve, and faults
+forced at run time; pd on the real engine and the real NIXL is in test_lab_real_pd.py."""
 
 import json
 import shutil

@@ -1,7 +1,11 @@
 """serve_layout replicas on an hgx8 lab host, with the real LMCache server and the real LiteLLM
 proxy: launch (2 x TP4, then 4 x TP2), health and the cache proof, a killed replica and the
 requests lost before the router moves away from it, `inv recover` on both paths, a planned
-restart that loses no request, and `inv render --compose` against the real host."""
+restart that loses no request, and `inv render --compose` against the real host.
+
+On the vLLM stand-in: a killed replica whose KV memory LMCache keeps mapped on its GPUs over CUDA
+IPC (recover's long path) exists only on GPUs; the real engines' health, cache proof and planned
+restart are in test_lab_real_replicas.py."""
 
 import json
 import re

@@ -1,6 +1,9 @@
 """The real LMCache server and the real LiteLLM proxy in the lab (hgx8), with the vLLM stand-in as a
 real LMCache client: registration, shared-prefix hits between replicas, the memory LMCache holds on a
-crashed replica's GPUs, and LiteLLM routing to a replica."""
+crashed replica's GPUs, and LiteLLM routing to a replica.
+
+On the vLLM stand-in as LMCache's client, for the GPU-only state (the memory held on a crashed
+replica's GPUs)."""
 
 import json
 import os

@@ -1,6 +1,9 @@
 """Prefill/decode disaggregation in the lab (3 hgx8 hosts): two DP4 prefill instances on A, one DP8
 decode on C, the real vllm-router on A in front, the stand-in's NixlConnector moving KV blocks over
-A's and C's rail addresses."""
+A's and C's rail addresses.
+
+On the vLLM stand-in: NIXL's RDMA transport lines (rc_mlx5 on the rail HCA) need an RDMA device; the
+real NIXL over TCP is in test_lab_real_pd.py."""
 
 import json
 import re

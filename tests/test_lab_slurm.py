@@ -2,7 +2,10 @@
 each host's namespaces): the exported two-station job brings the deployment up on the lab hosts,
 `inv health` and `inv verify-rdma` pass against it (the rank, head address, rail address and GID index
 were found on the nodes), `scancel` leaves no container and no GPU process; `sbatch --test-only`
-refuses a layout that needs more GPUs per node than the nodes have, in one line."""
+refuses a layout that needs more GPUs per node than the nodes have, in one line.
+
+On the vLLM stand-in (up in 2 s, not a minute): what is tested is the batch script's bring-up on
+Slurm's nodes; the real engine's own bring-up of the same layout is in test_lab_real_stations.py."""
 
 import json
 import os

@@ -1,4 +1,7 @@
-"""verify-rdma and health against launched lab containers."""
+"""verify-rdma and health against launched lab containers.
+
+On the vLLM stand-in: verify-rdma judges NCCL logs, which only the GPU layer writes (the CPU engine
+talks gloo), with a fault each."""
 
 import json
 import subprocess
