@@ -136,12 +136,14 @@ def verify_rdma(c, inventory=None, log=None, json=False, set_=None):
 
 
 @task(help={"inventory": INVENTORY, "json": JSON, "watch": "repeat every N seconds as a live view",
-            "cache-proof": "replicas layout: one long new prompt to r0, then to r1; r1 must be faster from LMCache",
-            "proof-words": "length of that prompt in words (default 16384)", "set": SET},
+            "cache-proof": "replicas layout: one long new prompt to r0, then to r1; r1 must reuse r0's KV from LMCache",
+            "proof-words": "length of that prompt in words (default 16384, or half the engine's max_model_len when "
+                           "shorter)", "set": SET},
       iterable=["set_"])
 def health(c, inventory=None, json=False, watch=None, cache_proof=False, proof_words=None, set_=None):
     """Services up and on their GPUs; the endpoint's /health, /v1/models, a real chat completion, /metrics."""
-    words = _int(proof_words, "--proof-words") if proof_words is not None else 16384
+    from railyard.replicas import PROOF_WORDS_AUTO
+    words = _int(proof_words, "--proof-words") if proof_words is not None else PROOF_WORDS_AUTO
     cli.health(inventory, json, _num(watch, "--watch"), set_, cache_proof=words if cache_proof else 0)
 
 

@@ -16,10 +16,12 @@ r1 was not clearly faster (< PROOF_RATIO x r0's time): the reuse is the verdict,
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from dataclasses import replace
 
+from .errors import UsageError
 from .ops.containers import log_tail
 from .ops.http import parse_metrics, request
 from .runner import Runner
@@ -31,6 +33,8 @@ from .transport import Session, cmd
 from .verify import CHAT_PROBE, Probe, judge_answer
 
 PROOF_RATIO = 0.8
+PROOF_WORDS = 16384     # the proof prompt's length when the engine's context holds it
+PROOF_WORDS_AUTO = -1   # --proof-words not given
 _RETRIEVED = re.compile(r"Retrieved (\d+) tokens")
 WORDS = ("river", "signal", "copper", "lantern", "orbit", "meadow", "harbor", "ember", "quartz", "willow", "canyon",
          "falcon", "marble", "tundra", "violet", "summit")
@@ -163,6 +167,32 @@ def _retrieved(s: Session, name: str) -> int:
     return sum(int(m) for m in _RETRIEVED.findall(r.stdout))
 
 
+def context_length(text: str) -> int | None:
+    """The engine's own context length from its GET /v1/models (vLLM lists max_model_len per model)."""
+    try:
+        got = [m.get("max_model_len") for m in json.loads(text).get("data", [])]
+    except (ValueError, AttributeError, TypeError):
+        return None
+    return next((n for n in got if isinstance(n, int) and n > 0), None)
+
+
+def _context_of(s: Session, svc: Service, plan: LaunchPlan) -> int | None:
+    code, _, text, _ = request(s, Endpoint.of(svc, plan.endpoint.model), "/v1/models", timeout=10)
+    return context_length(text) if code == 200 else None
+
+
+def proof_length(words: int, context: int | None) -> int:
+    """The proof prompt's words: PROOF_WORDS_AUTO takes PROOF_WORDS, or half the engine's context when that
+    is shorter (a word is a token or more); a length the context cannot hold is a usage error, before any
+    request."""
+    if words == PROOF_WORDS_AUTO:
+        return min(PROOF_WORDS, context // 2) if context else PROOF_WORDS
+    if context and words > context // 2:
+        raise UsageError(f"--proof-words {words}: longer than the engine's context can hold ({context:,} tokens, "
+                         f"max_model_len in r0's /v1/models): at most {context // 2}")
+    return words
+
+
 def _external_hits(s: Session, svc: Service, plan: LaunchPlan) -> float | None:
     m = parse_metrics(request(s, Endpoint.of(svc, plan.endpoint.model), "/metrics", timeout=10)[2])
     return m.get("vllm:external_prefix_cache_hits_total")
@@ -175,6 +205,7 @@ def cache_proof(runner: Runner, plan: LaunchPlan, tokens: int) -> tuple[Probe, d
     s = runner.session(plan.endpoint.host)
     first, second = replicas[0], replicas[1]
     lmc = plan.service("lmcache").spec.name
+    tokens = proof_length(tokens, _context_of(s, first, plan))
     prompt = proof_prompt(tokens)
     body = {"model": plan.endpoint.model, "temperature": 0, "max_tokens": 1,
             "messages": [{"role": "user", "content": prompt}]}

