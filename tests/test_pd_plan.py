@@ -203,19 +203,24 @@ class FakeRunner:
 
 
 def _prove(monkeypatch, code, text, logs, words=64, moved=True):
-    """prove() with the proxy's answer, each instance's log (SEED: the proof's own seed, RID: the id
-    vllm-router gave it) and the decode's NIXL transfer counter (one more after the request if moved)."""
+    """prove() with the proxy's answers (a code, or one per request), each instance's log (SEED: the proof's
+    own seed, RID: the id vllm-router gave it) and the decode's NIXL transfer counter (one more after each
+    request answered 200 if moved)."""
     _, plan = pd_plan()
-    seen = {"counts": iter([0.0, 1.0 if moved else 0.0])}
+    codes = iter(code if isinstance(code, list) else [code] * 4)
+    seen = {"xfers": 0.0, "requests": 0}
     rid = "chatcmpl-___prefill_addr_192.168.120.11:8101___decode_addr_192.168.120.13:8100_0123abcd"
 
     def fake_request(s, ep, path, body=None, timeout=60, header="", headers=()):
         if path == "/metrics":
-            return 200, 1.0, f"vllm:nixl_xfer_time_seconds_count{{engine=\"0\"}} {next(seen['counts'])}\n", ""
+            return 200, 1.0, f"vllm:nixl_xfer_time_seconds_count{{engine=\"0\"}} {seen['xfers']}\n", ""
         seen["nonce"] = body["messages"][0]["content"].split()[0]
         seen["seed"] = str(body["seed"])
         seen["words"] = len(body["messages"][0]["content"].split())
-        return code, 812.0, text, ""
+        seen["requests"] += 1
+        answered = next(codes)
+        seen["xfers"] += 1.0 if moved and answered == 200 else 0.0
+        return answered, 812.0, text if answered == 200 or not isinstance(code, list) else "", ""
 
     def fake_grep(s, svc, needles):
         return [ln.replace("SEED", seen["seed"]).replace("RID", rid) for ln in logs.get(svc.name, [])
@@ -252,7 +257,19 @@ def test_a_failed_proof_is_named_by_the_log_with_its_fix(monkeypatch):
     assert "make the pools' settings equal" in bad.fix
     side, _ = _prove(monkeypatch, 500, "", {"decode-0": ["(Worker_DP0 pid=9) ERROR zmq.error.Again: Resource "
                                                          "temporarily unavailable"]}, moved=False)
-    assert "VLLM_NIXL_SIDE_CHANNEL_HOST" in side.fix
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST" in side.fix and "twice" in side.detail
+
+
+def test_a_handshake_timeout_is_tried_once_more_before_it_is_a_verdict(monkeypatch):
+    # decode's NIXL handshake waits 5 s for the prefill's side channel; the lab's loaded 2 cores missed it once
+    logs = {"prefill-1": [RECEIVED], "decode-0": [RECEIVED, "(Worker pid=9574) ERROR 12-02 17:44:26 "
+                                                             "[base_worker.py:1318] zmq.error.Again: Resource "
+                                                             "temporarily unavailable"]}
+    ok, seen = _prove(monkeypatch, [500, 200], ANSWER, logs)
+    assert ok.ok and seen["requests"] == 2, ok.detail
+    assert "KV blocks moved to decode-0" in ok.detail and "first request's NIXL handshake timed out" in ok.detail
+    other, seen = _prove(monkeypatch, [500, 200], ANSWER, {"decode-0": ["ERROR NIXL compatibility hash mismatch"]})
+    assert not other.ok and seen["requests"] == 1                     # any other failure is a verdict at once
 
 
 def test_nixl_stages_kv_in_host_memory_only_when_asked():

@@ -25,11 +25,12 @@ from .http import parse_metrics, request
 # router passes it to both pools, and with temperature 0 it changes no answer.
 RECEIVED = "Received request "
 XFERS = "vllm:nixl_xfer_time_seconds_count"   # one sample per successful transfer (NixlPromMetrics)
+HANDSHAKE_TIMEOUT = "zmq.error.Again"   # decode's NIXL handshake got no answer from the side channel in 5 s
 KNOWN_FAILURES = (
     ("NIXL compatibility hash mismatch",
      "prefill and decode differ in what the NIXL handshake compares (image, model, KV cache dtype, attention "
      "backend, speculative method): make the pools' settings equal and relaunch"),
-    ("zmq.error.Again",
+    (HANDSHAKE_TIMEOUT,
      "decode could not reach the prefill instance's NIXL side channel: VLLM_NIXL_SIDE_CHANNEL_HOST must be that "
      "host's rail address, not localhost (railyard sets it; check vllm_extra_env) and its port open"),
     ("Remote NIXL agent engine ID mismatch",
@@ -131,6 +132,20 @@ def exercise(plan: LaunchPlan, runner: Runner, words: int) -> int:
 
 
 def prove(plan: LaunchPlan, runner: Runner, words: int) -> Proof:
+    """One request through the proxy, prefilled in one pool and decoded in the other with a NIXL transfer.
+    A handshake that timed out is not a verdict: vLLM waits 5 s for the prefill's side channel, which a
+    loaded host can miss (the lab's 2 cores did, once in three launches); the request is sent once more, and the
+    second answer is judged (a side channel that is really unreachable times out again)."""
+    first = _attempt(plan, runner, words)
+    if first.ok or HANDSHAKE_TIMEOUT not in first.detail:
+        return first
+    second = _attempt(plan, runner, words)
+    note = f"the first request's NIXL handshake timed out ({HANDSHAKE_TIMEOUT}: no answer within vLLM's 5 s)"
+    second.detail += f" ({note}; this was the second request)" if second.ok else f"; twice: {note}, and again"
+    return second
+
+
+def _attempt(plan: LaunchPlan, runner: Runner, words: int) -> Proof:
     nonce, seed = f"railyard-proof-{secrets.token_hex(6)}", marker()   # a new prompt: no prefix cache hit
     body = {"model": plan.endpoint.model, "max_tokens": 16, "temperature": 0, "seed": seed,
             "messages": [{"role": "user", "content": proof_prompt(words, nonce)}]}
