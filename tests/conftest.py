@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -133,6 +134,13 @@ def home(host: str) -> Path:
     """A lab host's home directory (its /root), seen from this machine."""
     from railyard import lab
     return lab.lab_dir() / "hosts" / host / "home"
+
+
+def as_a_terminal_job() -> None:
+    """preexec_fn of a task a test interrupts: SIGINT with its default disposition, as a terminal's
+    foreground job has it, even when the suite itself runs as a background job (a shell's `cmd &`
+    ignores SIGINT in it, and an ignored signal stays ignored across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def inv_cmd(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, home, inv_cmd, station_ready
+from .conftest import ROOT, as_a_terminal_job, home, inv_cmd, station_ready
 from .test_bench import _png_text
 
 pytestmark = pytest.mark.lab
@@ -173,7 +173,8 @@ def test_ctrl_c_during_a_sweep_puts_the_original_configuration_back(served, tmp_
     import time
     p = subprocess.Popen([sys.executable, "-m", "invoke", "bench", "--concurrency", "4", *SMALL, "--out", str(tmp_path),
                           "--sweep", "max_num_seqs=2,4"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True, env={**os.environ, "RAILYARD_INVENTORY": str(served)})
+                         text=True, start_new_session=True, preexec_fn=as_a_terminal_job,
+                         env={**os.environ, "RAILYARD_INVENTORY": str(served)})
     seen = ""
     deadline = time.monotonic() + 120
     while "bench: C=4:" not in seen and time.monotonic() < deadline:   # AIPerf is running on the swept value

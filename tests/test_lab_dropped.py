@@ -16,7 +16,7 @@ import pytest
 
 from railyard.lab import faults
 
-from .conftest import ROOT, inv_cmd, on, station_ready, wait_for
+from .conftest import ROOT, as_a_terminal_job, inv_cmd, on, station_ready, wait_for
 
 pytestmark = pytest.mark.lab
 NAME = "glm53-full"
@@ -34,7 +34,7 @@ def comms(host):
 
 def start(inv_path, *args):
     return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=as_a_terminal_job,
                             env=dict(os.environ, RAILYARD_INVENTORY=str(inv_path)))
 
 

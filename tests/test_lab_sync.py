@@ -16,7 +16,7 @@ from railyard.lab import lab_dir
 from railyard.lab.checkpoint import shard_name, write_checkpoint
 from railyard.sync import SyncOptions, sync_model
 
-from .conftest import ROOT, inv_cmd, wait_for
+from .conftest import ROOT, as_a_terminal_job, inv_cmd, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -181,7 +181,7 @@ def _bytes_on_B():
 def test_ctrl_c_stops_the_copy_at_once_and_the_next_run_resumes(fresh):
     p = subprocess.Popen([sys.executable, "-m", "invoke", "sync-model", "--streams", "2", "--bwlimit", "20"],
                          cwd=ROOT, env=dict(os.environ, RAILYARD_INVENTORY=str(fresh)), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=as_a_terminal_job)
     wait_for(lambda: _bytes_on_B() > 20_000_000, "the copy under way")
     os.killpg(p.pid, signal.SIGINT)  # what the terminal sends the foreground job on ^C
     t0 = time.monotonic()

@@ -18,7 +18,7 @@ from railyard.inventory import load_inventory
 from railyard.runner import Runner
 from railyard.sync import SyncOptions, rsync_args, sync_model
 
-from .conftest import ROOT, home, inv_cmd, wait_for
+from .conftest import ROOT, as_a_terminal_job, home, inv_cmd, wait_for
 from .test_lab_sync import SHARDS, _kill_rsync_on_A, checkpoint, files_of_A, fresh, model_dir  # noqa: F401
 
 pytestmark = pytest.mark.lab
@@ -149,7 +149,8 @@ def test_ctrl_c_or_a_killed_railyard_leaves_no_daemon(fresh):
     for sig in (signal.SIGINT, signal.SIGKILL):
         p = subprocess.Popen([sys.executable, "-m", "invoke", "sync-model", *RSYNCD, "--streams", "2", "--bwlimit", "20"],
                              cwd=ROOT, env=dict(os.environ, RAILYARD_INVENTORY=str(fresh)), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             preexec_fn=as_a_terminal_job)
         wait_for(lambda: _daemon_dirs() and model_dir("B").exists() and
                  sum(f.stat().st_size for f in model_dir("B").glob("*")) > 5_000_000, "the copy under way")
         os.killpg(p.pid, sig)  # ^C; or a railyard killed outright (its SSH connections drop)

@@ -12,7 +12,7 @@ from railyard.lab import faults
 from railyard.lab.checkpoint import write_checkpoint
 from railyard.ncclcheck import parse_probe, summarize
 
-from .conftest import REAL, ROOT, home, inv_cmd, on, remove_containers
+from .conftest import REAL, ROOT, as_a_terminal_job, home, inv_cmd, on, remove_containers
 
 H200 = REAL / "h200-validation"
 
@@ -105,7 +105,8 @@ def test_a_probe_that_never_finishes_is_stopped_and_removed(ranks):
 def test_an_interrupted_check_removes_its_containers(ranks):
     faults.fault("B", "link-down")
     p = subprocess.Popen([sys.executable, "-m", "invoke", "nccl-check", "-i", str(ranks), "--timeout", "60"],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=as_a_terminal_job)
     for _ in range(100):  # until the probe containers run
         if "railyard-nccl-check" in on("A", "docker ps --format '{{.Names}}'").stdout:
             break
