@@ -6,8 +6,9 @@ requests, 1 x C warm-up, seed 1):
   - railyard: `inv bench --concurrency C --json` as a user runs it (process start, plan, the
     endpoint and key checks, the tokenizer fetched from A, railyard's SSH tunnel, the plots);
   - direct:   `aiperf profile` from the same venv against an OpenSSH tunnel (`ssh -L`) to A's
-    loopback API, with the lab tokenizer directory and the key in argv, as a user would type it
-    (fine on this machine; railyard itself never puts it there).
+    loopback API, typed as AIPerf's docs show it (synthetic token means and stddevs, --streaming,
+    the seed; ignore_eos so that both runs generate the same tokens), with the lab tokenizer directory
+    and the key in argv (fine on this machine; railyard itself never puts it there).
 It prints the median wall time of each and their ratio, and what AIPerf measured through each
 tunnel (overall tok/s, mean TTFT), so the tunnel's own cost on the numbers shows too.
 
@@ -70,13 +71,14 @@ def railyard_run(c: int, out: Path, env) -> tuple[float, dict]:
 
 
 def direct_run(c: int, out: Path, port: int, key: str, model: str) -> tuple[float, dict]:
-    argv = aiperf.profile_argv(model, f"http://127.0.0.1:{port}", str(ROOT / "railyard/lab/tokenizer"), c,
-                               aiperf.Load(isl=64, osl=16, warmup_per_c=1, requests_per_c=4), out,
-                               f"http://127.0.0.1:{port}/metrics")
+    argv = ["profile", "-m", model, "--tokenizer", str(ROOT / "railyard/lab/tokenizer"), "--endpoint-type", "chat",
+            "--random-seed", "1", "--synthetic-input-tokens-mean", "64", "--synthetic-input-tokens-stddev", "0",
+            "--output-tokens-mean", "16", "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
+            "--concurrency", str(c), "--request-count", str(4 * c), "--warmup-request-count", str(c),
+            "--url", f"localhost:{port}", "--streaming", "--api-key", key, "--artifact-dir", str(out)]
     env = {k: v for k, v in os.environ.items() if k not in aiperf.UNSET} | aiperf.ENV
     t = time.perf_counter()
-    p = subprocess.run([str(aiperf.venv_dir() / "bin" / "aiperf"), *argv, "--api-key", key], env=env,
-                       capture_output=True, text=True)
+    p = subprocess.run([str(aiperf.venv_dir() / "bin" / "aiperf"), *argv], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t
     if p.returncode:
         sys.exit(f"aiperf failed: {p.stdout[-300:]}")

@@ -5,12 +5,15 @@
 
 Copy, A -> B over the lab's rail (sender and receiver share this machine's cores):
   - one plain `rsync -aH` over SSH (OpenSSH defaults), run on A, as the reference does it;
+  - like for like: one plain rsync with sync-model's cipher (aes128-gcm, no compression), and as many
+    plain rsyncs in parallel as sync-model's streams (`xargs -P`), same cipher;
   - `inv sync-model --verify size` (its copy phase and its whole run), over SSH (the default) and over
     the opt-in rsyncd transport (a one-time rsync daemon on B's rail address, no cipher);
   - a local `cp -r` of the tree on A's filesystem: the ceiling, and each transport's fraction of it;
   - a no-op re-sync of identical trees.
 Verification of B's tree:
-  - one `sha256sum` process over every file, cold (caches dropped) and warm;
+  - one `sha256sum` process over every file, cold (caches dropped) and warm, and as many `sha256sum`
+    processes as cores (`xargs -P`: the same hash, the same parallelism as railyard's manifest);
   - railyard's manifest (`content`, every core), cold and warm with --rehash, then with its digest cache.
 Needs root (the lab, drop_caches). Writes ~4 copies of the checkpoint under /var/tmp; removes them.
 """
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shlex
 import shutil
 import subprocess
 import sys
@@ -88,6 +93,21 @@ def main() -> int:
     row("plain rsync -aH over ssh (1 stream)", t)
     plain = t
     shutil.rmtree(dst)
+    aes = shlex.quote("ssh -c aes128-gcm@openssh.com -o Compression=no")
+    drop_caches()
+    on("B", f"mkdir -p ~/{REL}")
+    t, _ = on("A", f"rsync -aH -e {aes} --exclude .cache/ ~/{REL}/ root@198.18.101.12:{REL}/")
+    row("plain rsync -aH, aes128-gcm (1 stream)", t, f"x{plain / t:.2f} vs plain rsync")
+    shutil.rmtree(dst)
+    drop_caches()
+    on("B", f"mkdir -p ~/{REL}")
+    per = math.ceil(info["files"] / a.streams)
+    one = shlex.quote(f'rsync -aHR -e "ssh -c aes128-gcm@openssh.com -o Compression=no" "$@" root@198.18.101.12:{REL}/')
+    t, _ = on("A", f"cd ~/{REL} && find . -path ./.cache -prune -o -type f -print0 | xargs -0 -P {a.streams} -n {per} "
+                   f"sh -c {one} rsync")
+    row(f"plain rsync -aH, aes128-gcm, {a.streams} in parallel", t, f"x{plain / t:.2f} vs plain rsync")
+    parallel_plain = t
+    shutil.rmtree(dst)
 
     copies = {}
     for transport in ("ssh", "rsyncd"):
@@ -98,7 +118,8 @@ def main() -> int:
         copy = next(h for h in doc["hosts"] if h["host"] == "B")["copy"]
         copies[transport] = copy["seconds"]
         row(f"sync-model copy phase, {transport} ({a.streams} streams)", copy["seconds"],
-            f"x{plain / copy['seconds']:.2f} vs plain rsync; whole run {wall:.2f} s")
+            f"x{plain / copy['seconds']:.2f} vs plain rsync, x{parallel_plain / copy['seconds']:.2f} vs "
+            f"{a.streams} plain in parallel; whole run {wall:.2f} s")
 
     drop_caches()
     t, _ = on("A", f"cp -r ~/{REL} ~/models/cp-copy")
@@ -120,13 +141,20 @@ def main() -> int:
     row("verify: sha256sum, 1 process, cold", t_cold)
     t_warm, _ = on("B", files)
     row("verify: sha256sum, 1 process, warm", t_warm)
+    par = files.replace("xargs -0 sha256sum", "xargs -0 -P \"$(nproc)\" -n 1 sha256sum")
+    drop_caches()
+    t_pcold, _ = on("B", par)
+    row("verify: sha256sum, a process per core, cold", t_pcold)
+    t_pwarm, _ = on("B", par)
+    row("verify: sha256sum, a process per core, warm", t_pwarm)
     script = MANIFEST_SCRIPT.read_text()
     drop_caches()
     t, _ = on("B", f"python3 - ~/{REL} content --rehash", stdin=script)
-    row("verify: railyard manifest, every core, cold", t, f"x{t_cold / t:.2f} vs sha256sum cold; "
-                                                           f"{t_disk / t:.2f} of the cold disk read rate")
+    row("verify: railyard manifest, every core, cold", t, f"x{t_cold / t:.2f} vs sha256sum cold, x{t_pcold / t:.2f} "
+        f"vs a sha256sum per core; {t_disk / t:.2f} of the cold disk read rate")
     t, _ = on("B", f"python3 - ~/{REL} content --rehash", stdin=script)
-    row("verify: railyard manifest, every core, warm", t, f"x{t_warm / t:.2f} vs sha256sum warm")
+    row("verify: railyard manifest, every core, warm", t, f"x{t_warm / t:.2f} vs sha256sum warm, x{t_pwarm / t:.2f} "
+        "vs a sha256sum per core")
     t, p = on("B", f"python3 - ~/{REL} content", stdin=script)
     row("verify: railyard manifest, digest cache", t, f"hashed {json.loads(p.stdout)['cache']['hashed']} files")
 

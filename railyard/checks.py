@@ -18,7 +18,7 @@ from .probe import Output, split_blocks
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
 CHECKS = ("ssh", "docker", "image", "rail_link", "rail_ip", "link_speed", "mtu", "jumbo_ping", "route",
-          "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity", "ssh_peer")
+          "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity", "ssh_peer", "ports")
 
 
 @dataclass(frozen=True)
@@ -239,6 +239,19 @@ def _ping_pair(text: str) -> tuple[str | None, str]:
         small, _, jumbo = text.partition(JUMBO_MARK)
         return small, jumbo
     return None, text
+
+
+def jumbo_frames_lost(out: Output | None, ip: str) -> bool:
+    """Whether every jumbo ping to ip went unanswered (an MTU black hole or a dead path): an ssh to it that
+    hung then has its cause in view, and waiting for it longer shows nothing new."""
+    if out is None:
+        return False
+    _small, text = _ping_pair(split_blocks(out.text).get(ip, (None, ""))[1])
+    try:
+        ping = F.parse_ping(text)
+    except F.ParseError:
+        return False
+    return ping.transmitted > 0 and ping.received == 0
 
 
 def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
@@ -885,7 +898,9 @@ def check_ssh_peer(head: Host, out: Output, workers: list[Host]) -> CheckResult:
     if not workers:
         return CheckResult(head.name, "ssh_peer", SKIP, "no workers")
     blocks = split_blocks(out.text)
-    oks, fails, evidence, hints = [], [], [], []
+    oks, evidence = [], []
+    failed: dict[str, list[str]] = {}   # what went wrong -> the peers it went wrong for: each named once, grouped
+    hints: dict[str, str] = {}          # one hint per kind, its first peer as the example
     for w in workers:
         ip = w.serve_rail.ip
         rc, text = blocks.get(ip, (None, ""))
@@ -893,22 +908,123 @@ def check_ssh_peer(head: Host, out: Output, workers: list[Host]) -> CheckResult:
         if rc == 0:
             oks.append(f"{w.name} ({target}) answers as {text.strip() or '?'}")
             continue
-        evidence.append(_first_lines(text, 2))
+        if _first_lines(text, 2) not in evidence:
+            evidence.append(_first_lines(text, 2))
         if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
-            fails.append(f"{w.name} ({target}): host key not trusted")
-            hints.append(f"on {head.name}: compare `ssh-keyscan -t ed25519 {ip} | ssh-keygen -lf -` with "
-                         f"`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on {w.name}, then add the key to ~/.ssh/known_hosts")
+            kind = "host key not trusted"
+            hint = (f"on {head.name}: compare `ssh-keyscan -t ed25519 {ip} | ssh-keygen -lf -` with "
+                    f"`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on {w.name}, then add the key to ~/.ssh/known_hosts")
         elif "Permission denied" in text:
-            fails.append(f"{w.name} ({target}): key not accepted")
-            hints.append(f"on {head.name}: ssh-keygen -t ed25519 (no passphrase), then ssh-copy-id {target}")
+            kind = "key not accepted"
+            hint = f"on {head.name}: ssh-keygen -t ed25519 (no passphrase), then ssh-copy-id {target}"
+        elif rc == 255 and "during banner exchange" in text:
+            kind = "no answer in time (sshd's banner; asked twice)"
+            hint = (f"is {w.name} overloaded, or is its rail address {ip} filtered? `ssh -vvv {target} true` from "
+                    f"{head.name}")
         elif rc == 124:
-            fails.append(f"{w.name} ({target}): ssh hung, no answer within its limit")
-            hints.append(f"something on the path to {ip} drops larger packets (see jumbo_ping), or sshd on {w.name} "
-                         f"hangs: `ssh -vvv {target} true` from {head.name}")
+            kind = "ssh hung, no answer within its limit (asked twice)"
+            hint = (f"something on the path to {ip} drops larger packets (see jumbo_ping), or sshd on {w.name} "
+                    f"hangs: `ssh -vvv {target} true` from {head.name}")
         else:
-            fails.append(f"{w.name} ({target}): unreachable")
-            hints.append(f"is sshd on {w.name} listening on its rail address {ip}?")
-    if fails:
-        return CheckResult(head.name, "ssh_peer", FAIL, f"{head.name} cannot ssh non-interactively to " + "; ".join(fails),
-                           " | ".join(e for e in evidence if e), "; ".join(dict.fromkeys(hints)))
+            kind = "unreachable"
+            hint = f"is sshd on {w.name} listening on its rail address {ip}?"
+        failed.setdefault(kind, []).append(f"{w.name} ({target})")
+        hints.setdefault(kind, hint)
+    if failed:
+        parts = [(f"{len(names)} peers: " if len(names) > 3 else "") + ", ".join(names) + f": {kind}"
+                 for kind, names in failed.items()]
+        hint = "; ".join(hints[k] + (f" (and likewise for the {len(failed[k]) - 1} other(s))" if len(failed[k]) > 1
+                                     else "") for k in failed)
+        return CheckResult(head.name, "ssh_peer", FAIL, f"{head.name} cannot ssh non-interactively to " + "; ".join(parts),
+                           " | ".join(e for e in evidence if e), hint)
     return CheckResult(head.name, "ssh_peer", PASS, f"{head.name} -> " + ", ".join(oks), "ssh -o BatchMode=yes")
+
+
+# ---------------------------------------------------------------- ports
+
+@dataclass(frozen=True)
+class PortLine:
+    """One line of scripts/port_probe.py: a listener's or a dial's outcome, its times on that host's clock."""
+    status: str
+    detail: str  # a listener: the peers that connected; a dial: its tries
+    start: float
+    end: float
+
+
+def parse_port_probe(text: str) -> tuple[dict[tuple[str, int], PortLine], dict[tuple[str, int], PortLine]]:
+    """`listen|dial ADDR PORT STATUS DETAIL START END` lines -> (listeners, dials), by (address, port)."""
+    listens: dict[tuple[str, int], PortLine] = {}
+    dials: dict[tuple[str, int], PortLine] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 7 or parts[0] not in ("listen", "dial") or not parts[2].isdigit():
+            continue
+        try:
+            item = PortLine(parts[3], parts[4], float(parts[5]), float(parts[6]))
+        except ValueError:
+            continue
+        (listens if parts[0] == "listen" else dials)[(parts[1], int(parts[2]))] = item
+    return listens, dials
+
+
+PORT_FAILURES = {
+    "timeout": "no answer (the SYN was dropped: a firewall on {dst} or on the path)",
+    "refused": "refused while {dst} listened (a firewall rule rejecting it with a TCP reset)",
+    "unreachable": "unreachable (an ICMP unreachable: a firewall rejecting it, or no route)",
+    "error": "could not connect",
+}
+
+
+def check_ports(h: Host, dials: list, out: Output | None, listeners: dict[str, Output | None],
+                offsets: dict[str, float]) -> CheckResult:
+    """Each connection the plan opens from h (dials: spec.Dial), tried by h while its target host held a
+    listener on that address and port (or a service already did). A failed dial fails only where the target
+    was listening while h tried; otherwise nothing was shown either way (warn). offsets: each host's clock
+    minus this machine's, to line the two hosts' times up."""
+    bad = unusable(h, "ports", out, "python3")
+    if bad:  # the probe could not run: nothing was shown about the ports
+        return CheckResult(h.name, "ports", WARN, bad.detail + ": the ports were not tried", bad.evidence, bad.hint)
+    _, mine = parse_port_probe(out.text)
+    ok, failed, unseen, hints, evidence = [], [], [], [], []
+    for d in dials:
+        where = f"{d.address}:{d.port} on {d.dst} ({d.what})"
+        got = mine.get((d.address, d.port))
+        lo = listeners.get(d.dst)
+        theirs = parse_port_probe(lo.text)[0].get((d.address, d.port)) if lo is not None and lo.rc is not None else None
+        if got is None:
+            unseen.append(f"{where}: no answer from the probe")
+            continue
+        if got.status == "connected":
+            ok.append(d)
+            continue
+        if theirs is None:
+            unseen.append(f"{where}: {got.status}, but {d.dst} held no listener (not probed)")
+            continue
+        if theirs.status == "no-address":
+            failed.append(f"{where}: {d.address} is not an address of {d.dst}")
+            hints.append(f"the plan dials {d.address} on {d.dst}: its rail address (see rail_ip)")
+            continue
+        if theirs.status == "error":
+            unseen.append(f"{where}: {d.dst} could not listen there")
+            continue
+        # both on this machine's clock: the listener was up (ok) or the port held (in-use) while h kept trying
+        up = theirs.start - offsets.get(d.dst, 0.0)
+        down = theirs.end - offsets.get(d.dst, 0.0) if theirs.status == "ok" else float("inf")
+        tried = (got.start - offsets.get(h.name, 0.0), got.end - offsets.get(h.name, 0.0))
+        if up > tried[1] - 1 or down < tried[1]:
+            unseen.append(f"{where}: {got.status}, but {d.dst}'s listener was not up while it tried")
+            continue
+        failed.append(f"{where}: " + PORT_FAILURES.get(got.status, got.status).format(dst=d.dst))
+        evidence.append(f"dial {d.address}:{d.port} {got.status} after {got.detail} tries; {d.dst}: listen "
+                        f"{theirs.status}")
+        hints.append(f"allow TCP {d.port} from {h.name} on {d.dst} (`nft list ruleset`, `iptables -S` there)")
+    if failed:
+        return CheckResult(h.name, "ports", FAIL, f"{h.name} cannot reach " + "; ".join(failed),
+                           " | ".join(evidence[:3]), "; ".join(dict.fromkeys(hints)))
+    if unseen:
+        return CheckResult(h.name, "ports", WARN, f"{h.name}: not shown either way: " + "; ".join(unseen), "",
+                           "run inv preflight again; from the host: `timeout 3 bash -c '</dev/tcp/ADDR/PORT'` while "
+                           "the service (or `python3 -m http.server PORT --bind ADDR`) listens")
+    shown = ", ".join(f"{d.dst} {d.address}:{d.port}" for d in ok[:4]) + (f" and {len(ok) - 4} more" if len(ok) > 4 else "")
+    return CheckResult(h.name, "ports", PASS, f"{h.name} reaches every port the plan dials from it: {shown}",
+                       f"TCP connect to each, {len(ok)} in all, while its host listened")

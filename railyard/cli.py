@@ -223,6 +223,8 @@ def launch(inventory: str | None = None, rank_order: str | None = None, dry_run:
     rep = run(inv, rank_order, dry_run, recreate, timeout, rollback, con)
     if json_out:
         return launch_report(rep, dry_run).print_json()
+    for note in rep.plan.notes if rep.plan else ():   # what vLLM will do other than asked, without failing
+        con.print(f"note: {note}", style="yellow", markup=False)
     if dry_run:
         from .ops.launch import describe
         for svc in rep.plan.services():
@@ -342,6 +344,7 @@ def unlock(inventory: str | None = None, overrides=None) -> int:
 @entry
 def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, json_out: bool = False,
                 overrides=None) -> int:
+    from .nccl import passed_line
     from .report import NO_HOST
     from .verify import judge_files, verify_rdma as run
     if logs:
@@ -363,7 +366,7 @@ def verify_rdma(inventory: str | None = None, logs: list[str] | None = None, jso
         return report.print_json()
     con = console()
     con.print(verdict_table(results, "verify-rdma: NCCL transport per rank"))
-    con.print(Text("OK: every rank uses IB with GPUDirect RDMA on the rail" if report.ok else
+    con.print(Text(passed_line(results, on_the_rail=not logs) if report.ok else
                    "FAILED: see the reasons; a socket fallback makes a multi-node model several times slower",
                    style="bold green" if report.ok else "bold red"))
     return report.exit_code

@@ -886,18 +886,24 @@ def parse_ethtool_stats(text: str) -> dict[str, int]:
 
 def parse_rail_counters(text: str) -> tuple[str, dict[str, int]]:
     """One read of preflight's rail counters: after `@@source ethtool`, `ethtool -S` lines filtered to
-    RAIL_ERROR_COUNTERS; after `@@source sysfs NETDIR IBDIR`, the kernel's counters as `grep -H . NAME...` prints
-    them in those directories (`rx_errors:0`; tests/fixtures/real/sysfs-counters/), every one an error or drop
-    counter. Returns (where they were read, {name: value}); text without a source line is `ethtool -S`."""
+    RAIL_ERROR_COUNTERS; after `@@source sysfs`, per `@@dir DIR`, the kernel's counters as `grep -H . NAME...`
+    prints them in DIR (`rx_errors:0`; tests/fixtures/real/sysfs-counters/), every one an error or drop counter.
+    Returns (where they were read: only the directories that gave a counter, {name: value}); text without a
+    source line is `ethtool -S`."""
     lines = text.splitlines()
     head = next((line.strip() for line in lines if line.startswith("@@source ")), "@@source ethtool")
     if head.startswith("@@source sysfs"):
-        out = {}
+        out, read, where = {}, [], None
         for raw in lines:
+            if raw.startswith("@@dir "):
+                where = raw[6:].strip()
+                continue
             k, sep, v = raw.strip().rpartition(":")
             if sep and k and not k.startswith("@@") and v.strip().isdigit():
                 out[k.rsplit("/", 1)[-1]] = int(v)
-        return "sysfs " + ", ".join(head.split()[2:]), out
+                if where and where not in read:
+                    read.append(where)
+        return "sysfs " + ", ".join(read), out
     return "ethtool -S", {k: v for k, v in parse_ethtool_stats(text).items() if RAIL_ERROR_COUNTERS.search(k)}
 
 

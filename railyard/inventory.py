@@ -608,14 +608,14 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         "preflight_mtu": (576, 9216), "preflight_link_speed_mbps": (1, 10_000_000),
         "preflight_max_clock_skew_ms": (1, 3_600_000), "preflight_disk_margin_gb": (0, 100_000),
         "preflight_ping_count": (1, 20), "preflight_gid_index": (-1, 255),
-        "ssh_connect_timeout": (1, 600), "ssh_command_timeout": (1, 86_400), "ssh_parallel": (1, 512),
+        "ssh_connect_timeout": (1, 600), "ssh_command_timeout": (1, 86_400), "ssh_keepalive_s": (1, 600), "ssh_parallel": (1, 512),
         "model_size_gb": (0, 100_000), "vllm_port": (1, 65535), "vllm_master_port": (1, 65535),
         "vllm_tensor_parallel_size": (1, 1024), "vllm_gpu_memory_utilization": (0.01, 1.0),
         "vllm_pipeline_parallel_size": (1, 1024), "vllm_data_parallel_size": (1, 1024),
         "vllm_api_server_count": (0, 1024), "cluster_gpus_per_host": (1, 64),
         "nccl_check_timeout_s": (10, 86_400), "nccl_check_min_link_fraction": (0.0, 1.0),
         "sync_streams": (1, 64), "sync_bwlimit_mbps": (0, 1_000_000), "sync_timeout_s": (1, 604_800),
-        "sync_io_timeout_s": (5, 86_400), "sync_rsyncd_port": (0, 65535),
+        "sync_io_timeout_s": (5, 86_400), "sync_rsyncd_port": (0, 65535), "pd_kv_lease_s": (0, 86_400),
     }
     for k, (lo, hi) in ranges.items():
         if not lo <= values[k] <= hi:

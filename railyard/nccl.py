@@ -43,6 +43,7 @@ _UCX_ERROR = re.compile(r"\bUCX\s+ERROR\s+(.*\S)")
 _IB_HCA_SET = re.compile(r"\bNCCL_IB_HCA set (?:by environment )?to (\S+)")
 _IB_USING = re.compile(r"NET/IB\S* ?: Using (.*)$")
 _HCA = re.compile(r"\[\d+\]([A-Za-z0-9_]+):\d+")
+_HCA_AT = re.compile(r"\[(\d+)\]([A-Za-z0-9_]+):\d+(/RoCE\b)?")   # `via NET/IB/<n>`: entry [n] of `Using`
 _TRACE = re.compile(r"^([\w./-]+\.(?:cc|cu|cpp|c|h)):(\d+) -> (\d+)(?: \[([^\]]+)\])?\s*$")
 
 
@@ -57,6 +58,8 @@ class RankVerdict:
     warnings: list[str]
     reasons: list[str] = field(default_factory=list)
     net_plugin: str | None = None  # the NET plugin's own name in the channel lines: IB, IBext_v8, AWS Libfabric, ...
+    roce: bool = False  # an HCA NCCL uses is RoCE (`NET/IB : Using [0]mlx5_0:1/RoCE`), not InfiniBand
+    notes: list[str] = field(default_factory=list)  # latent misconfigurations no channel runs over: warned, passed
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,6 +113,20 @@ PLUGIN_WHAT = {"Libfabric": "Libfabric (the aws-ofi-nccl plugin: AWS EFA or a li
                "UCX": "UCX (the nccl-rdma-sharp-plugins UCX transport)"}
 
 
+def network_of(v: RankVerdict) -> str:
+    """The network a rank's inter-node channels ran over, in words."""
+    if v.net_transport == "IB":
+        return "NCCL's IB verbs over RoCE" if v.roce else "NCCL's IB verbs over InfiniBand"
+    return PLUGIN_WHAT.get(v.net_transport or "", v.net_transport or "no network")
+
+
+def passed_line(verdicts: list[RankVerdict], on_the_rail: bool) -> str:
+    """What a pass saw, per network (an EFA cluster passes on Libfabric: it must not read as IB)."""
+    nets = list(dict.fromkeys(network_of(v) for v in verdicts))
+    return (f"OK: every rank uses {' or '.join(nets)} with GPUDirect RDMA" + (" on the rail" if on_the_rail else "")
+            + ("" if len(nets) == 1 else f" ({len(nets)} networks)"))
+
+
 HINTS = {
     "socket_nodev": "no RDMA device inside the container: pass --device /dev/infiniband, and set NCCL_IB_HCA to the "
                     "rail's HCA (ibdev2netdev)",
@@ -137,12 +154,45 @@ HINTS = {
            "names the rail HCA",
     "nochannel": "no inter-node channel in the log: it may be cut short, NCCL_DEBUG_SUBSYS may lack INIT,NET, or the "
                  "job never connected across nodes",
+    "open_device": "NCCL lists the HCA but cannot open it inside the container: pass its device files (docker run "
+                   "--device /dev/infiniband; in Kubernetes the RDMA device plugin's resource, with SR-IOV the VF "
+                   "attached to the pod) and IPC_LOCK",
+    "loc_prot": "status 4 is IBV_WC_LOC_PROT_ERR: the NIC could not access the memory the request named, usually GPU "
+                "memory without a working peer-memory path: load nvidia_peermem (or use DMA-BUF), then check memlock "
+                "(--ulimit memlock=-1)",
+    "flushed": "status 5 is IBV_WC_WR_FLUSH_ERR: the queue pair had already failed and its requests were flushed; the "
+               "first error is the one to fix (an async event on this host, or the peer's log)",
+    "access_violation": "the NIC refused a packet on this queue pair (a local access violation): on RoCE, an MTU that "
+                        "differs between the two ends does this (NCCL 2.20+ no longer takes the lower one): the same "
+                        "MTU on both hosts and the switch (inv preflight: mtu)",
+    "cqe": "NCCL 2.28+ names the failed completion's status in its next WARN (`Got completion from peer ... "
+           "status=...`): that line's fix applies",
+    "efa_cuda_mr": "the EFA provider could not register GPU memory (type 2, EINVAL): a known Libfabric bug of EFA "
+                   "installers before 1.29.1 with NCCL 2.19+: upgrade the EFA installer (1.29.1 or later) or set "
+                   "FI_EFA_SET_CUDA_SYNC_MEMOPS=0",
 }
+GENERIC = "read the warning; NCCL_DEBUG_SUBSYS=ALL shows more"
+# WARNs that are advice, not a failure (RCCL names its own fix): shown as a note, never a reason
+ADVICE = ("numa auto balancing enabled",)
 
 
-def _warn_hint(msg: str, traces: list[str] | None = None) -> str:
+def _warn_hint(msg: str, traces: list[str] | None = None, others: list[str] = ()) -> str:
     low = msg.lower()
     ib = "net/ib" in low or "ibv_" in low or "vendor err" in low or "completion" in low
+    if "got cqe with error" in low:   # its status comes on the next WARN
+        status = [_warn_hint(o, traces) for o in others if "got completion" in o.lower()]
+        return status[0] if status and status[0] != GENERIC else HINTS["cqe"]
+    if "local access violation" in low:
+        return HINTS["access_violation"]
+    if "status=5 " in low or "with error 5," in low or "ibv_wc_wr_flush_err" in low:
+        first = [o for o in others if "local access violation" in o.lower()]
+        return HINTS["access_violation"] if first else HINTS["flushed"]
+    if "with error 4," in low or "status=4 " in low or "ibv_wc_loc_prot_err" in low:
+        return HINTS["loc_prot"]
+    if "unable to open device" in low:
+        return HINTS["open_device"]
+    if "net/ofi unable to register memory" in low and "type = 2" in low and "invalid argument" in low:
+        return HINTS["efa_cuda_mr"]
     if "vendor err 129" in low or "status=12" in low or "with error 12," in low or "ibv_modify_qp" in low \
             or (ib and ("retry" in low or "timed out" in low)):
         return HINTS["gid"]
@@ -162,16 +212,20 @@ def _warn_hint(msg: str, traces: list[str] | None = None) -> str:
         return HINTS["ifname"]
     if "no device" in low or "ibv_open_device" in low:
         return HINTS["socket_nodev"]
-    return "read the warning; NCCL_DEBUG_SUBSYS=ALL shows more"
+    return GENERIC
 
 
 def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankVerdict:
     version = None
     hcas: list[str] = []
+    at: dict[int, str] = {}
+    devices: set[int] = set()
     channels: list[tuple[str, bool]] = []
     warnings: list[str] = []
     traces: list[str] = []
     no_ib_device = memlock_error = False
+    rocev: set[str] = set()       # the listed HCAs whose link layer is RoCE
+    conflict = False              # two processes of the log number their HCAs differently
     ucx_errors: list[str] = []
     for line in text.splitlines():
         u = _UCX_ERROR.search(line)
@@ -185,12 +239,19 @@ def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankV
     for level, msg, line in _messages(text):
         m = _IB_USING.search(msg)
         if m:
+            for i, h, r in _HCA_AT.findall(m.group(1)):
+                conflict = conflict or at.get(int(i), h) != h
+                at[int(i)] = h
+                if r:
+                    rocev.add(h)
             for h in _HCA.findall(m.group(1)):
                 if h not in hcas:
                     hcas.append(h)
         m = _CHANNEL.search(msg)
         if m:
             channels.append((m.group("name"), "/GDRDMA" in m.group("flags") + "/"))
+            if _family(m.group("name")) == "IB":
+                devices.add(int(m.group("dev")))
         h = _IB_HCA_SET.search(msg)
         if h:
             hca_setting = h.group(1)
@@ -234,33 +295,53 @@ def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankV
         what = "IB" if transport == "IB" else PLUGIN_WHAT[transport]
         reasons.append(f"{n} of {len(channels)} inter-node {what} channel(s) without GPUDirect RDMA "
                        f"(fix: {HINTS['nogdr']})")
+    # an HCA NCCL listed carries traffic only if a channel runs over it; with channels mapped to their
+    # `Using` entries, one listed but idle is a latent misconfiguration (a note), not a failure
+    mapped = transport == "IB" and bool(devices) and devices <= set(at) and not conflict
+    carried = {at[d] for d in devices} if mapped else set(hcas)
+    roce = bool(carried & rocev)
+    notes: list[str] = []
     pulled = _prefix_pulled(hca_setting, hcas)
     if pulled:
         exact = ",".join(h for h in hcas if h not in pulled) if not expect_hcas else ",".join(expect_hcas)
-        reasons.append(f"NCCL_IB_HCA={hca_setting} matched by prefix and pulled in {', '.join(pulled)} "
-                       f"(fix: {HINTS['hca_prefix'].format(exact=exact)})")
+        busy = [h for h in pulled if h in carried]
+        finding = (f"NCCL_IB_HCA={hca_setting} matched by prefix and pulled in {', '.join(busy or pulled)}"
+                   + ("" if busy else f", which no channel runs over (the traffic is on {', '.join(sorted(carried))})"))
+        (reasons if busy else notes).append(f"{finding} (fix: {HINTS['hca_prefix'].format(exact=exact)})")
     if transport == "IB" and expect_hcas:
         if not hcas:
             reasons.append("the HCAs in use are not in the log (fix: NCCL_DEBUG_SUBSYS must include INIT,NET)")
         else:
             other = [h for h in hcas if h not in expect_hcas and h not in pulled]
-            if other:
-                reasons.append(f"uses {', '.join(other)}, not the configured rail's {', '.join(expect_hcas)} "
+            busy = [h for h in other if h in carried]
+            if busy:
+                reasons.append(f"uses {', '.join(busy)}, not the configured rail's {', '.join(expect_hcas)} "
                                f"(fix: {HINTS['hca']}={','.join(expect_hcas)})")
-    for w in warnings:
-        reasons.append(f"NCCL WARN {w} (fix: {_warn_hint(w, traces)})")
+            elif other:
+                notes.append(f"lists {', '.join(other)} beside the configured rail's {', '.join(expect_hcas)}, and no "
+                             f"channel runs over {'it' if len(other) == 1 else 'them'} "
+                             f"(fix: {HINTS['hca']}={','.join(expect_hcas)})")
+    advice = [w for w in warnings if any(a in w.lower() for a in ADVICE)]
+    notes += [f"NCCL WARN {w} (fix: the warning names it)" for w in advice]
+    failing = [w for w in warnings if w not in advice]
+    hints = []
+    for w in failing:
+        hints.append(_warn_hint(w, traces, failing))
+        reasons.append(f"NCCL WARN {w} (fix: {hints[-1]})")
     if traces:  # one failure unwinds as a chain of `file:line -> code` frames: one reason for the chain
         threads = sorted({m.group(4) for m in map(_TRACE.match, traces) if m.group(4)})
         chain = ", ".join(traces) if len(traces) <= 3 else f"{traces[0]}, ..., {traces[-1]}"
         where = f", through NCCL's {' and '.join(threads)}" if threads else ""
-        fix = HINTS["bootstrap"] if not warnings and any(t.startswith("bootstrap.cc") for t in traces) else \
+        known = [h for h in hints if h != GENERIC]
+        fix = HINTS["bootstrap"] if not failing and any(t.startswith("bootstrap.cc") for t in traces) else \
+            f"it unwinds the WARN before it: {known[0]}" if known else \
             "read the WARN before it; NCCL_DEBUG_SUBSYS=ALL shows more"
         reasons.append(f"error return trace {chain} ({len(traces)} frame(s){where}) (fix: {fix})")
     for u in ucx_errors:
         reasons.append(f"UCX ERROR {u} (fix: {HINTS['ucx']})")
     verdict = "pass" if not reasons else "fail"
     plugin = plugins[0] if len(plugins) == 1 else ("+".join(plugins) if plugins else None)
-    return RankVerdict(source, verdict, transport, gdrdma, hcas, version, warnings, reasons, plugin)
+    return RankVerdict(source, verdict, transport, gdrdma, hcas, version, warnings, reasons, plugin, roce, notes)
 
 
 def _prefix_pulled(setting: str | None, hcas: list[str]) -> list[str]:

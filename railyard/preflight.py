@@ -1,4 +1,5 @@
-"""`inv preflight`: every host in parallel, read-only, one connection and one round trip each.
+"""`inv preflight`: every host in parallel, read-only, one connection and one round trip each (and one more
+for the ports check, on the hosts the plan connects).
 
 Exit codes: 0 every check passed (warnings allowed), 1 a check failed, 2 usage or
 inventory error. `--json` prints exactly one document:
@@ -12,16 +13,59 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 from . import checks as C
 from .inventory import Host, Inventory
 from .facts import GPU_AND_HEALTH_FIELDS, GPU_FIELDS, PCI_PATHS_MARK, RAIL_ERROR_COUNTERS, compute_apps_csv, parse_gpu_health, parse_gpus, \
     parse_ibv_devinfo, parse_image_inspect, parse_smi_pids, parse_versions, split_gpu_query
-from .probe import MISSING_MARK, Output, Section, fan_out, joined_script, new_token, split_blocks, split_output
+from .probe import MISSING_MARK, Output, Section, fan_out, joined_script, new_token, no_answer, split_blocks, \
+    split_output
 from .runner import Runner
+from .serving.spec import Dial
 from .transport import RemotePath, Session, Sh, cmd, q
 
 DOCKER_TIMEOUT = 15
+
+
+PORT_WAIT_S = 4  # a dial is tried again for this long while refused or unanswered (its listener starts with it)
+PORT_LISTEN_MORE_S = 2  # a listener waits this much longer for its dialers (it ends once every one came)
+PORT_SCRIPT = Path(__file__).resolve().parent / "scripts" / "port_probe.py"
+
+
+def plan_dials(inv: Inventory) -> list[Dial]:
+    """The connections the inventory's layout will open between its hosts; none where its variables have a
+    problem (launch names it)."""
+    from .serving import layouts
+    layout = layouts.get(inv)
+    return [] if layout.validate(inv) else layout.dials(inv)
+
+
+def port_probe(wait: float, listen: list[tuple[str, int, int]], dial: list[tuple[str, int]]) -> Sh:
+    """scripts/port_probe.py on the host's python3: listen on each (address, port) until its n peers came,
+    dial each (address, port) for up to `wait` s."""
+    args: list = [wait, PORT_LISTEN_MORE_S]
+    for addr, port, n in listen:
+        args += ["listen", addr, port, n]
+    for addr, port in dial:
+        args += ["dial", addr, port]
+    return cmd("python3", "-c", PORT_SCRIPT.read_text(), *args)
+
+
+def ports_section(host: Host, dials: list[Dial]) -> Section | None:
+    """This host's part of the port check: a listener for each address and port the others dial on it, and
+    its own dials; None when it has neither. Run on every host concerned at once, in a round of its own
+    after the probes (both ends connected already, so each listener is up within the dialers' retries)."""
+    peers: dict[tuple[str, int], set[str]] = {}
+    for d in dials:
+        if d.dst == host.name:
+            peers.setdefault((d.address, d.port), set()).add(d.src)
+    mine = list(dict.fromkeys((d.address, d.port) for d in dials if d.src == host.name))
+    if not peers and not mine:
+        return None
+    return Section("ports", port_probe(PORT_WAIT_S, [(a, p, len(n)) for (a, p), n in peers.items()], mine),
+                   "python3", PORT_WAIT_S + PORT_LISTEN_MORE_S + 8)
 
 
 def sections_for(host: Host, inv: Inventory) -> list[Section]:
@@ -105,14 +149,15 @@ SYSFS_IB_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port
 
 def counters_script(rail: str, hca: str) -> str:
     """One read of the rail's error counters: `ethtool -S` filtered to RAIL_ERROR_COUNTERS after `@@source ethtool`,
-    or, where that shows none, `@@source sysfs` and the kernel's counters as `grep -H` prints them (`name:value`)."""
+    or, where that shows none, `@@source sysfs` and, after `@@dir DIR`, the kernel's counters in DIR as `grep -H`
+    prints them (`name:value`)."""
     net = f"/sys/class/net/{rail}/statistics"
     ib = f"/sys/class/infiniband/{hca}/ports/1/counters"
     return (f"o=$(ethtool -S {q(rail)} 2>/dev/null | grep -E {q(RAIL_ERROR_COUNTERS.pattern)}); "
             "if [ -n \"$o\" ]; then echo '@@source ethtool'; printf '%s\\n' \"$o\"; "
-            f"else echo {q('@@source sysfs ' + net + ' ' + ib)}; "
-            f"(cd {q(net)} 2>/dev/null && grep -H . {' '.join(SYSFS_NET_COUNTERS)} 2>/dev/null); "
-            f"(cd {q(ib)} 2>/dev/null && grep -H . {' '.join(SYSFS_IB_COUNTERS)} 2>/dev/null); fi")
+            "else echo '@@source sysfs'; "
+            f"echo {q('@@dir ' + net)}; (cd {q(net)} 2>/dev/null && grep -H . {' '.join(SYSFS_NET_COUNTERS)} 2>/dev/null); "
+            f"echo {q('@@dir ' + ib)}; (cd {q(ib)} 2>/dev/null && grep -H . {' '.join(SYSFS_IB_COUNTERS)} 2>/dev/null); fi")
 
 
 def gdr_section(rail: str, hca: str) -> Section:
@@ -152,14 +197,35 @@ SSH_PEER_HANG_S = 8  # each ssh gets its own limit, so one that hangs (e.g. on a
 KEX_FIRST = "KexAlgorithms=^curve25519-sha256"
 
 
-def ssh_peer_section(targets: list[Host]) -> Section:
+def ssh_peer_section(targets: list[Host], hang_s: int = SSH_PEER_HANG_S) -> Section:
     """From one host, a non-interactive ssh to each target's rail address, host keys checked."""
     detect = Sh(f"k=; ssh -G -o {q(KEX_FIRST)} railyard-probe >/dev/null 2>&1 && k={q(KEX_FIRST)}\n")
     return Section("ssh_peer", detect + fan_out([
-        (t.serve_rail.ip, cmd("timeout", SSH_PEER_HANG_S, "ssh", "-n") + ' ${k:+-o "$k"} '
-         + cmd("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5",
+        (t.serve_rail.ip, cmd("timeout", hang_s, "ssh", "-n") + ' ${k:+-o "$k"} '
+         + cmd("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"ConnectTimeout={hang_s - 3}",
                *(["-l", t.user] if t.user else []), t.serve_rail.ip, "hostname"))
-        for t in targets]), "ssh", 15)
+        for t in targets]), "ssh", hang_s + 7)
+
+
+def ssh_peer_again(workers: list[Host]):
+    """The ssh_peer probe asked again: only the targets whose ssh hung, with twice the limit (every host of a
+    large lab probing at once on few cores can starve a healthy one), their new answers put in place. A target
+    to which every jumbo ping of the same probe was lost is not asked again: the hang has its cause in view
+    (an MTU black hole stalls ssh's key exchange), and the longer wait would only delay the report."""
+    def narrowed(first: Output, outputs: dict[str, Output]) -> tuple[Section, Callable[[Output], Output]] | None:
+        blocks = split_blocks(first.text)
+        hung = [w for w in workers if no_answer(*blocks.get(w.serve_rail.ip, (None, "")))
+                and not C.jumbo_frames_lost(outputs.get("ping"), w.serve_rail.ip)]
+        if not hung:
+            return None
+
+        def merge(second: Output) -> Output:
+            new = split_blocks(second.text)
+            text = "".join(f"@@peer {k} rc={rc2}\n{t2}\n" for k, (rc2, t2) in
+                           ((k, new.get(k, v)) for k, v in blocks.items()))
+            return Output(second.rc, text, second.missing_tool)
+        return ssh_peer_section(hung, 2 * SSH_PEER_HANG_S), merge
+    return narrowed
 
 
 @dataclass
@@ -231,31 +297,44 @@ def probe_host(session: Session, inv: Inventory) -> HostProbe:
     how = "local" if h.is_local else f"{h.user + '@' if h.user else ''}{h.address}:{h.port}"
     ssh = C.CheckResult(h.name, "ssh", C.PASS, f"{how} (hostname {remote_name})",
                         f"connected in {connect_s * 1000:.0f} ms" if not h.is_local else "connection: local")
-    return HostProbe(h, _asked_again(session, sections, split_output(res.stdout, sections, token)), clock, ssh)
+    narrow = {"ssh_peer": ssh_peer_again(inv.workers)} if h.is_head and inv.workers else {}
+    return HostProbe(h, _asked_again(session, sections, split_output(res.stdout, sections, token), narrow), clock, ssh)
 
 
 def _unfinished(o: Output) -> bool:
     """No answer in time, from the probe or from one of its peers (`timeout` gives 124, or 137 once it had
     to kill): not a verdict yet."""
-    return o.rc is None or o.timed_out or any(rc in (124, 137) for rc, _ in split_blocks(o.text).values())
+    return o.rc is None or o.timed_out or any(no_answer(rc, t) for rc, t in split_blocks(o.text).values())
 
 
-def _asked_again(session: Session, sections: list[Section], outputs: dict[str, Output]) -> dict[str, Output]:
+def _asked_again(session: Session, sections: list[Section], outputs: dict[str, Output],
+                 narrow: dict | None = None) -> dict[str, Output]:
     """The probes that did not answer in time, run once more on their own, after the rest: a host running
     every probe at once (or a controller driving many hosts on few cores) can make a healthy one miss its
     limit, and a timeout is not a verdict. Their second answer is the one judged; one that times out again
-    is judged as it is."""
-    again = [s for s in sections if s.key in outputs and _unfinished(outputs[s.key])]
+    is judged as it is. narrow: per section, what to ask again of it alone (its unanswered part) and how
+    to put the answers back."""
+    again, merges = [], {}
+    for s in sections:
+        if s.key not in outputs or not _unfinished(outputs[s.key]):
+            continue
+        part = (narrow or {}).get(s.key, lambda o, _: None)(outputs[s.key], outputs)
+        if part:
+            section, merges[s.key] = part
+            again.append(section)
+        else:
+            again.append(s)
     if not again:
         return outputs
     token = new_token()
     res = session.run(joined_script(again, token), timeout=max(s.timeout for s in again) + 10)
     if res.error:
         return outputs
-    return {**outputs, **split_output(res.stdout, again, token)}
+    second = split_output(res.stdout, again, token)
+    return {**outputs, **{k: merges[k](o) if k in merges else o for k, o in second.items()}}
 
 
-def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult]:
+def evaluate(inv: Inventory, probes: dict[str, HostProbe], dials: list[Dial] | None = None) -> list[C.CheckResult]:
     """Turn every host's probe outputs into check results (cross-host checks included)."""
     per: dict[str, dict[str, C.CheckResult]] = {h.name: {} for h in inv.hosts}
     reachable = [h for h in inv.hosts if probes[h.name].outputs is not None]
@@ -264,7 +343,8 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
         per[h.name]["ssh"] = p.ssh
         if p.outputs is None:
             for name in C.CHECKS[1:]:
-                if name == "ssh_peer" and not h.is_head:
+                if (name == "ssh_peer" and not h.is_head) or (name == "ports" and not any(d.src == h.name
+                                                                                          for d in dials or [])):
                     continue
                 per[h.name][name] = C.CheckResult(h.name, name, C.SKIP, "host not reachable (see the ssh check)")
     image_ids: dict[str, str] = {}
@@ -306,6 +386,12 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe]) -> list[C.CheckResult
     C.one_cause(reachable, per, {h.name: probes[h.name].outputs.get("ping") for h in reachable})
     for name, res in C.check_clock_skew(reachable, {h.name: probes[h.name].clock for h in reachable}).items():
         per[name]["clock_skew"] = res
+    listeners = {h.name: probes[h.name].outputs.get("ports") for h in reachable}
+    offsets = {h.name: probes[h.name].clock.offset_s for h in reachable if probes[h.name].clock}
+    for h in reachable:
+        mine = [d for d in dials or [] if d.src == h.name]
+        if mine:  # a row on each host that dials (the hosts it dials show their listener there)
+            per[h.name]["ports"] = C.check_ports(h, mine, listeners[h.name], listeners, offsets)
     out = []
     for h in inv.hosts:
         for name in C.CHECKS:
@@ -394,8 +480,31 @@ def run_preflight(inv: Inventory, on_host=None) -> list[C.CheckResult]:
     """on_host(name, HostProbe or Result), if given, hears of each host as its probe lands (a progress display)."""
     with Runner(inv.hosts) as runner:
         probes = runner.each(lambda s: probe_host(s, inv), on_done=on_host)
-    for name, p in list(probes.items()):
-        if not isinstance(p, HostProbe):  # a bug inside one host's probe: report it, keep the rest
-            h = inv.host(name)
-            probes[name] = HostProbe(h, None, None, C.CheckResult(name, "ssh", C.FAIL, str(p.error), "", p.error.hint))
-    return evaluate(inv, probes)
+        for name, p in list(probes.items()):
+            if not isinstance(p, HostProbe):  # a bug inside one host's probe: report it, keep the rest
+                h = inv.host(name)
+                probes[name] = HostProbe(h, None, None, C.CheckResult(name, "ssh", C.FAIL, str(p.error), "",
+                                                                      p.error.hint))
+        # a host not reached, or whose rail is down or without its address, has its cause named by those
+        # checks: no connection is tried to or from it
+        railed = {n for n, p in probes.items() if p.outputs is not None
+                  and C.check_rail_link(p.host, p.outputs["ibdev2netdev"]).status != C.FAIL
+                  and C.check_rail_ip(p.host, p.outputs["ip_addr"]).status != C.FAIL}
+        dials = [d for d in plan_dials(inv) if d.src in railed and d.dst in railed]
+        port_round(runner, probes, dials)
+    return evaluate(inv, probes, dials)
+
+
+def port_round(runner: Runner, probes: dict[str, HostProbe], dials: list[Dial]) -> None:
+    """The ports check's own round, on the hosts that answered: every host concerned at once, each one's
+    listeners and dials in one command; its output goes beside the host's other probes as `ports`."""
+    sections = {h.name: ports_section(h, dials) for h in runner.hosts if h.name in probes}
+    todo = [h for h in runner.hosts if sections.get(h.name)]
+
+    def one(s: Session) -> Output:
+        sec = sections[s.host.name]
+        token = new_token()
+        r = s.run(joined_script([sec], token), timeout=sec.timeout + 10)
+        return split_output(r.stdout, [sec], token)["ports"] if not r.error else Output(None, "")
+    for name, out in runner.each(one, todo).items():
+        probes[name].outputs["ports"] = out if isinstance(out, Output) else Output(None, "")

@@ -110,6 +110,13 @@ def split_blocks(text: str, marker: str = "@@peer ") -> dict[str, tuple[int | No
     return {k: (rc, "\n".join(lines)) for k, (rc, lines) in blocks.items()}
 
 
+def no_answer(rc: int | None, text: str) -> bool:
+    """A peer's block that timed out: `timeout` killed it (124, 137), or ssh gave up waiting for the server's
+    banner (255, `Connection timed out during banner exchange`: the peer's kernel took the connection, its
+    sshd was too busy to answer in time). A connect that timed out (no SYN-ACK) is an answer: unreachable."""
+    return rc in (124, 137) or (rc == 255 and "during banner exchange" in text)
+
+
 def fan_out(items: list[tuple[str, Sh]]) -> Sh:
     """Run several commands in parallel in one section; each result is an `@@peer KEY rc=N` block."""
     parts = []

@@ -199,6 +199,9 @@ def verdict_checks(verdicts: list, host_of=_host_of) -> list[CheckResult]:
             out.append(CheckResult(host_of(v.source), "rdma", PASS,
                                    f"inter-node channels over {v.net_transport} with GPUDirect RDMA on "
                                    f"{', '.join(v.hcas) or 'the rail'}", ev))
+            if v.notes:  # what no channel runs over yet: a warning beside the pass
+                detail, hint = _split_fixes(v.notes)
+                out.append(CheckResult(host_of(v.source), "rdma", WARN, detail, ev, hint))
             continue
         detail, hint = _split_fixes(v.reasons)
         out.append(CheckResult(host_of(v.source), "rdma", FAIL, detail, ev, hint))
@@ -213,7 +216,8 @@ def verdict_table(verdicts: list, title: str) -> Table:
     for r in verdicts:
         t.add_row(r.source, Text(r.verdict.upper(), style="green" if r.verdict == PASS else "bold red"),
                   r.net_transport or "none seen", "yes" if r.gdrdma else "no", ", ".join(r.hcas) or "-",
-                  r.nccl_version or "?", Text("\n".join(r.reasons), style="red") if r.reasons else "")
+                  r.nccl_version or "?", Text("\n".join(r.reasons), style="red") if r.reasons else
+                  Text("\n".join(getattr(r, "notes", [])), style="yellow"))
     return t
 
 
@@ -399,7 +403,7 @@ def launch_report(rep, dry_run: bool = False) -> Report:
     plan = rep.plan
     services = plan.by_rank() if plan else []
     data = {"deployment": plan.deployment if plan else None, "layout": plan.layout if plan else None,
-            "dry_run": dry_run, "order": rep.order, "commands": rep.commands}
+            "dry_run": dry_run, "order": rep.order, "commands": rep.commands, "notes": list(plan.notes) if plan else []}
     if dry_run:
         checks = [CheckResult(s.host, "launch", SKIP, f"{s.name}: dry run: nothing started") for s in services]
         return Report(checks, {**data, "hint": rep.hint or None})

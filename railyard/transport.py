@@ -125,6 +125,10 @@ class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
 
 # ---------------------------------------------------------------- sessions
 
+KEEPALIVE_MISSED = 3  # unanswered keepalives before a connection counts as lost (OpenSSH's ServerAliveCountMax)
+LOST_HINT = ("the host or its management network went away (link, switch port, power): check it, then run the "
+             "task again")
+
 
 class Session:
     """A connection to one host; commands run one after another over it."""
@@ -235,8 +239,19 @@ class SSHSession(Session):
             except Exception:
                 pass
             return self.error
+        self._keep_alive(conn.client.get_transport())
         self._conn = conn
         return None
+
+    def _keep_alive(self, transport: paramiko.Transport) -> None:
+        """An SSH keepalive every ssh_keepalive_s (OpenSSH's ServerAliveInterval), and the kernel drops the
+        connection once one has gone unacknowledged for KEEPALIVE_MISSED intervals (TCP_USER_TIMEOUT): a host
+        whose link died under a command (no reset) is named then, not when the command's own timeout runs out.
+        The acknowledgement is the kernel's, so a host too busy to schedule sshd is not taken for a lost one."""
+        every = int(self.host.vars.get("ssh_keepalive_s", 5))
+        transport.set_keepalive(every)
+        if isinstance(transport.sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):  # not via a proxy
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, every * KEEPALIVE_MISSED * 1000)
 
     def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None,
             on_output: Callable[[str], None] | None = None) -> Result:
@@ -271,6 +286,9 @@ class SSHSession(Session):
             if chan.exit_status_ready() and chan.eof_received and not chan.recv_ready() \
                     and not chan.recv_stderr_ready():
                 break
+            if not chan.get_transport().is_active() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                return Result(self.host.name, command, None, out.decode(errors="replace"),
+                              err.decode(errors="replace"), time.monotonic() - started, self._dropped())
             left = deadline - time.monotonic()
             if left <= 0:
                 chan.close()
@@ -285,6 +303,15 @@ class SSHSession(Session):
         return Result(self.host.name, command, rc, out.decode(errors="replace"), err.decode(errors="replace"),
                       time.monotonic() - started)
 
+    def _dropped(self) -> HostError:
+        """The connection died under a command: its keepalives went unanswered (or the host reset it)."""
+        self.close()
+        every = int(self.host.vars.get("ssh_keepalive_s", 5))
+        self.error = HostError("unreachable", f"{self.host.address}:{self.host.port}: the connection stopped "
+                                              f"answering during a command (no reply to SSH keepalives for "
+                                              f"{every * KEEPALIVE_MISSED} s)", LOST_HINT)
+        return self.error
+
     def _lost(self, timeout: float) -> HostError | None:
         """After a command ran out of time: does the host still answer on its SSH port? If not, the
         connection was lost under the command (a dead link sends no reset), and the session stays
@@ -297,8 +324,7 @@ class SSHSession(Session):
             self.error = HostError("unreachable", f"{self.host.address}:{self.host.port}: the connection stopped "
                                                   f"answering during a command ({timeout:g}s) and the host no longer "
                                                   "answers",
-                                   "the host or its management network went away (link, switch port, power): check "
-                                   "it, then run the task again")
+                                   LOST_HINT)
             return self.error
 
     def close(self) -> None:

@@ -45,6 +45,36 @@ NCCL_LIB_PY = ("import os, nvidia.nccl as n; p = os.path.join(list(n.__path__)[0
 MIN_NCCL = (2, 30, 7)  # older NCCL can deadlock cross-node CUDA graph replays over RoCE (vLLM issue #52504)
 
 
+def cuda_graphs(svc: Service) -> bool:
+    """Does this vLLM capture CUDA graphs: not with --enforce-eager, nor with a cudagraph_mode of NONE."""
+    words = [w for w in svc.spec.command if isinstance(w, str)]
+    if "--enforce-eager" in words:
+        return False
+    config = None   # the last one given wins, as vLLM's parser takes it: `--compilation-config J` or `...=J`
+    for i, w in enumerate(words):
+        if w == "--compilation-config" and i + 1 < len(words):
+            config = words[i + 1]
+        elif w.startswith("--compilation-config="):
+            config = w.split("=", 1)[1]
+    try:
+        mode = json.loads(config).get("cudagraph_mode") if config else None
+    except (ValueError, AttributeError):
+        mode = None
+    return str(mode).upper() != "NONE"
+
+
+def old_nccl_reason(v: RankVerdict, svc: Service) -> str | None:
+    """MIN_NCCL where its reason applies: channels between nodes, over RoCE, inside captured CUDA graphs
+    (vLLM #52504: the same setup serves with --enforce-eager; NCCL 2.30.4 fixed it)."""
+    if not (v.nccl_version and _version_tuple(v.nccl_version) < MIN_NCCL):
+        return None
+    if not (v.net_transport and v.roce and cuda_graphs(svc)):
+        return None
+    return (f"NCCL {v.nccl_version} is older than {'.'.join(map(str, MIN_NCCL))}, which can deadlock cross-node CUDA "
+            "graph replays over RoCE (fix: load the image's own libnccl via VLLM_NCCL_SO_PATH, or serve with "
+            "--enforce-eager)")
+
+
 def judge_files(paths: list[str]) -> list[RankVerdict]:
     out = []
     for p in paths:
@@ -122,10 +152,8 @@ def verify_rank(s: Session, svc: Service) -> list[RankVerdict]:
     out = []
     for path, lines in sorted(files.items()):
         v = judge("\n".join(lines), f"{host}:{path}", list(svc.spec.rdma.hcas if svc.spec.rdma else ()))
-        if v.nccl_version and _version_tuple(v.nccl_version) < MIN_NCCL:
-            v.reasons.append(f"NCCL {v.nccl_version} is older than {'.'.join(map(str, MIN_NCCL))}, which can deadlock "
-                             "cross-node CUDA graph replays over RoCE (fix: load the image's own libnccl via "
-                             "VLLM_NCCL_SO_PATH)")
+        if why := old_nccl_reason(v, svc):
+            v.reasons.append(why)
         v.reasons.extend(container)
         v.verdict = "fail" if v.reasons else "pass"
         out.append(v)

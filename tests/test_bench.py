@@ -96,6 +96,8 @@ def test_the_aiperf_command_streams_excludes_warm_up_fixes_the_seed_and_carries_
     assert argv[argv.index("--isl") + 1] == "64" and argv[argv.index("--tokenizer") + 1] == "/tok"
     ds = aiperf.profile_argv("m", "u", "/tok", 1, Load(dataset="p.jsonl"), tmp_path, "u/metrics")
     assert "--input-file" in ds and "--isl" not in ds and ds[ds.index("--server-metrics") + 1] == "u/metrics"
+    # AIPerf 0.13.0 refuses --warmup-request-count 0 ("Input should be greater than 0"): no flag is no warm-up
+    assert "--warmup-request-count" not in aiperf.profile_argv("m", "u", "/tok", 4, Load(warmup_per_c=0), tmp_path, None)
 
 
 def test_a_user_venv_with_the_wrong_aiperf_is_named_not_replaced(tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ from railyard.inventory import load_inventory
 from railyard.render import docker
 from railyard.serving import layouts
 from railyard.serving.hostfacts import HostFacts
+from railyard.render.lws import RAIL_ONLY_ENV
 from railyard.serving.spec import Ref
 
 from .conftest import FIXTURES, ROOT, inv_cmd
@@ -179,18 +180,27 @@ def test_docker_lws_and_slurm_carry_the_same_program_arguments_and_environment(l
             if svc.expects("gpu_process", "required") != "required" and svc.spec.gpus.count:
                 assert l_env.pop("NVIDIA_VISIBLE_DEVICES") == "all"  # the node's GPUs, none requested (LMCache)
             targets.append(("lws", l_words, l_env, 0))
+        # a pd instance that is one pod has its own network namespace: its address is the pod's, the host's
+        # rail interface and GID index are named nowhere (RAIL_ONLY_ENV)
+        own_netns = svc.role in ("prefill", "decode") and not svc.group
         for target, words, env, col in targets:
+            pod_ns = target == "lws" and own_netns
             assert len(words) == len(d_words), (target, svc.name, words, d_words)
-            assert env.keys() == d_env.keys(), (target, svc.name, set(env) ^ set(d_env))
+            want_keys = {k for k in d_env if not (pod_ns and k in RAIL_ONLY_ENV)}
+            assert env.keys() == want_keys, (target, svc.name, set(env) ^ want_keys)
             for i, (pw, dw, w) in enumerate(zip(plan_words, d_words, words)):
                 ref = _ref_of(pw, svc) if not isinstance(pw, Ref) or pw.name in SYMBOLS else None
                 want = SYMBOLS[ref][col] if ref else dw
-                if target == "lws" and ref == "node_addr" and plan_words[i - 1] == "--host":
+                if target == "lws" and ref == "node_addr" and (plan_words[i - 1] == "--host" or pod_ns):
                     want = "$(POD_IP)"  # a rail-bound API listens on the pod's address in Kubernetes
                 assert w == want, (target, svc.name, i, pw, dw, w)
             for k, pv in svc.spec.env:
+                if k not in want_keys:
+                    continue
                 ref = _ref_of(pv, svc, k)
                 want = SYMBOLS[ref][col] if ref else d_env[k]
+                if pod_ns and ref == "node_addr":
+                    want = "$(POD_IP)"
                 assert env[k] == want, (target, svc.name, k, d_env[k], env[k])
             checked += 1
     assert checked >= len(plan.services())
@@ -293,18 +303,100 @@ def test_pd_pools_are_roles_and_the_router_finds_their_pods_by_label():
     inst = ds["spec"]["roles"][0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
     c, = inst["spec"]["containers"]
     assert "--host '$(POD_IP)'" in c["command"][2] and c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8100}
-    assert "VLLM_NIXL_SIDE_CHANNEL_HOST=''\"$$RAILYARD_NODE_ADDR\"''" in c["command"][2]  # KV over the rail
-    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+    # one pod per instance, in its own network namespace: NIXL's side channel on the pod's address (the KV itself
+    # over RDMA), no host network (two instances on a node would claim the same host ports)
+    assert {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"} in c["env"]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} == c["env"][0]
+    assert "hostNetwork" not in inst["spec"] and not {e["name"] for e in c["env"]} & set(RAIL_ONLY_ENV)
+    assert inst["spec"]["nodeSelector"] == {"railyard.io/pool": "vllm-pd-prefill"}
     proxy = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
     args = proxy["containers"][0]["command"]
     assert "--prefill" not in args and "--decode" not in args
     i = args.index("--prefill-selector")
-    assert args[i:i + 3] == ["--prefill-selector", "railyard.io/deployment=vllm-pd", "railyard.io/pool=prefill"]
+    assert args[i:i + 4] == ["--prefill-selector", "railyard.io/deployment=vllm-pd", "railyard.io/pool=prefill",
+                             "leaderworkerset.sigs.k8s.io/worker-index=0"]   # the leaders: a headless pod has no API
     assert args[args.index("--service-discovery-namespace") + 1] == "$(POD_NAMESPACE)"
     assert proxy["serviceAccountName"] == "vllm-pd-router"
     role = next(d for d in docs if d["kind"] == "Role")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     assert inst["metadata"]["labels"] == {"railyard.io/deployment": "vllm-pd", "railyard.io/pool": "prefill"}
+
+
+def _pods(doc):
+    """(name, pod spec) of every pod an object makes: a Deployment's replicas, each LWS group's leader and workers."""
+    spec = doc.get("spec", {})
+    if doc["kind"] == "Deployment":
+        return [(f"{doc['metadata']['name']}-{i}", spec["template"]["spec"]) for i in range(spec["replicas"])]
+    sets = [(doc["metadata"]["name"], spec)] if doc["kind"] == "LeaderWorkerSet" else \
+        [(r["name"], r["spec"]) for r in spec.get("roles", [])]
+    out = []
+    for name, s in sets:
+        lwt = s["leaderWorkerTemplate"]
+        for g in range(s["replicas"]):
+            out += [(f"{name}-{g}-{w}", (lwt["leaderTemplate"] if w == 0 else lwt["workerTemplate"])["spec"])
+                    for w in range(lwt["size"])]
+    return out
+
+
+def schedule(text, gpus_per_node):
+    """Every pod of a manifest stream placed as kube-scheduler's filters decide (first fit, in apply order), on the
+    nodes its header tells to label (`kubectl label nodes A B KEY=VALUE`): NodeAffinity (the nodeSelector),
+    NodeResourcesFit (nvidia.com/gpu: what the device plugin advertises), NodePorts (a host-network pod's
+    container ports are host ports: two pods claiming one never share a node). Returns (pod -> node, pending)."""
+    nodes = {}
+    for line in text.splitlines():
+        if line.startswith("# Before applying: kubectl label nodes "):
+            words = line.split("kubectl label nodes ", 1)[1].split(" (", 1)[0].split()
+            key, _, value = words[-1].partition("=")
+            for n in words[:-1]:
+                nodes.setdefault(n, {"labels": {"kubernetes.io/hostname": n}, "gpus": gpus_per_node, "ports": set()})
+                nodes[n]["labels"][key] = value
+    placed, pending = {}, []
+    for doc in yaml.safe_load_all(text):
+        for name, pod in _pods(doc) if doc and doc["kind"] in ("Deployment", "LeaderWorkerSet", "DisaggregatedSet") \
+                else []:
+            c, = pod["containers"]
+            want = int(c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu", 0))
+            ports = {p["containerPort"] for p in c.get("ports", [])} if pod.get("hostNetwork") else set()
+            fit = [n for n, st in nodes.items() if all(st["labels"].get(k) == v for k, v in pod.get("nodeSelector",
+                   {}).items()) and st["gpus"] >= want and not ports & st["ports"]]
+            if not fit:
+                pending.append(name)
+                continue
+            nodes[fit[0]]["gpus"] -= want
+            nodes[fit[0]]["ports"] |= ports
+            placed[name] = fit[0]
+    return placed, pending
+
+
+def test_the_pd_export_schedules_on_two_prefill_nodes_and_one_decode_node():
+    """inventory/pd-3x-b300.yml: 4 prefill instances of 4 GPUs (two per prefill host, as `inv launch` runs them)
+    and one 8-GPU decode instance fill P1, P2 and D1; each instance one pod in its own network namespace."""
+    text, = rendered("pd", "lws").values()
+    placed, pending = schedule(text, 8)
+    assert pending == []
+    assert sorted(n for p, n in placed.items() if p.startswith("prefill-")) == ["P1", "P1", "P2", "P2"]
+    assert [n for p, n in placed.items() if p.startswith("decode-")] == ["D1"]
+    # the export before: every pool pod on the host network, port 8100 each: two prefill pods stay Pending
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for role in next(d for d in docs if d["kind"] == "DisaggregatedSet")["spec"]["roles"]:
+        role["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["hostNetwork"] = True
+    head = "".join(ln + "\n" for ln in text.splitlines() if ln.startswith("#"))
+    placed, pending = schedule(head + yaml.safe_dump_all(docs), 8)
+    assert pending == ["prefill-2-0", "prefill-3-0"]
+
+
+def test_an_instance_over_two_hosts_keeps_the_host_network_one_pod_per_node():
+    """pd_wide: the prefill instance's DP ranks meet over the rail (host network, the rail's address found in the
+    pod); its two pods land on the two prefill nodes; the one-pod decode instance has its own namespace."""
+    text, = rendered("pd_wide", "lws").values()
+    placed, pending = schedule(text, 8)
+    assert pending == [] and sorted(n for p, n in placed.items() if p.startswith("prefill-")) == ["P1", "P2"]
+    ds = next(d for d in yaml.safe_load_all(text) if d and d["kind"] == "DisaggregatedSet")
+    prefill, decode = (r["spec"]["leaderWorkerTemplate"] for r in ds["spec"]["roles"])
+    assert prefill["leaderTemplate"]["spec"]["hostNetwork"] and prefill["workerTemplate"]["spec"]["hostNetwork"]
+    assert "RAILYARD_NODE_ADDR" in prefill["leaderTemplate"]["spec"]["containers"][0]["command"][2]
+    assert "hostNetwork" not in decode["leaderTemplate"]["spec"]
 
 
 def test_the_lws_group_is_the_stations_with_rdma_ipc_lock_shm_and_a_real_readiness_request():
@@ -360,6 +452,20 @@ def test_bad_export_flags_are_one_line_and_exit_2(tmp_path, args, expect):
     r = inv_cmd("export", "-i", str(INV / "dgx-stations.yml"), "--out", str(tmp_path), *args)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert expect in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("length,ok", [(31, True), (32, False)])
+def test_a_deployment_name_lws_would_refuse_is_refused_before_anything_is_written(tmp_path, length, ok):
+    # LWS's webhook (validateGeneratedNames): <name>-0-<revision 8>-prefill plus "-<group index>-<hash 10>"
+    # must fit 63 characters; with 4 prefill replicas the name has 31
+    name = "v" * length
+    r = inv_cmd("export", "-i", str(INV / "pd-3x-b300.yml"), "--to", "lws", "--out", str(tmp_path / "k8s"),
+                *[x for kv in CASES["pd"][1] for x in ("--set", kv)], "--set", f"vllm_container={name}")
+    if ok:
+        assert r.returncode == 0, r.stderr
+        return
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "k8s").exists(), r.stderr
+    assert f"vllm_container = '{name}': with the role 'prefill', the names LWS generates reach 64" in r.stderr
 
 
 def test_export_writes_the_files_and_contacts_no_host(tmp_path):

@@ -92,6 +92,37 @@ def test_docker_stand_in_takes_names_whole(healthy_lab):
     assert not half.exists() and on("A", "docker logs half").returncode == 1
 
 
+def test_docker_stand_in_is_as_strict_as_docker(healthy_lab):
+    """What real docker does that a launch relies on: `ps -q` prints ids only; a --device that does not exist
+    fails the run (exit 125, its daemon's words) and leaves the container Created under its name; without
+    --ipc host a container has its own /dev/shm of --shm-size (64 MB by default), without --network host its
+    own network (loopback only here); /dev/infiniband exists where the host has RDMA devices."""
+    img = lab.LAB_IMAGE_NAME
+    bad = on("A", f"docker run -d --name nodev --device /dev/nope --entrypoint sleep {img} 30")
+    assert bad.returncode == 125 and bad.stderr.strip() == (
+        'docker: Error response from daemon: error gathering device information while adding custom device '
+        '"/dev/nope": no such file or directory.'), bad.stderr
+    assert on("A", "docker ps -a --format '{{.Names}} {{.State}}'").stdout.split("\n").count("nodev created") == 1
+    try:
+        own = on("A", f"docker run -d --name own --entrypoint sleep {img} 30").stdout.strip()
+        wide = on("A", f"docker run -d --name wide --shm-size 1g --ipc host --network host --device /dev/infiniband "
+                       f"--entrypoint sleep {img} 30")
+        assert wide.returncode == 0, wide.stderr
+        ids = on("A", "docker ps -q").stdout.split()
+        assert own[:12] in ids and len(ids) == 2 and all(len(i) == 12 for i in ids)   # no header, no names
+        assert on("A", "docker ps -aq").stdout.split() == on("A", "docker ps -a --format '{{.ID}}'").stdout.split()
+        shm = on("A", "docker exec own df -k --output=size /dev/shm").stdout.split()
+        assert shm[-1] == "65536"
+        links = on("A", "docker exec own ip -o link show").stdout.splitlines()
+        assert len(links) == 1 and links[0].startswith("1: lo: ")                    # lo, no rail
+        assert "cx8r1" in on("A", "docker exec wide ip -o link show").stdout
+        host_shm = on("A", "df -k --output=size /dev/shm").stdout.split()[-1]
+        assert on("A", "docker exec wide df -k --output=size /dev/shm").stdout.split()[-1] == host_shm
+        assert "uverbs0" in on("A", "docker exec wide ls /dev/infiniband").stdout
+    finally:
+        on("A", "docker rm -f nodev own wide")
+
+
 def test_clock_skew_is_real_for_the_hosts_processes(healthy_lab):
     faults.fault("B", "clock-skew", "120")
     a = float(on("A", "date", "+%s").stdout)

@@ -162,6 +162,19 @@ def test_a_busy_gpu_fails_the_rank_like_vllm_and_rollback_stops_the_rest(clean):
     assert "No such" in on("B", f"docker inspect {NAME}").stderr
 
 
+def test_a_host_without_its_rdma_device_files_fails_its_rank_and_rollback_leaves_no_container(clean):
+    """ib_uverbs not loaded on B: its HCAs are in sysfs, /dev/infiniband is not; docker refuses the worker's run
+    in its daemon's words (exit 125) and leaves the container Created under its name: the rollback removes it."""
+    faults.fault("B", "no-uverbs")
+    r = inv_cmd("launch", "-i", str(clean), "--timeout", "30", "--rollback")
+    assert r.returncode == 1
+    assert "FAILED: B (rank 1)" in r.stdout, r.stdout
+    assert 'error gathering device information while adding custom device "/dev/infiniband"' in r.stdout
+    assert "rolled back (stopped and removed) on: B" in r.stdout
+    for h in ("A", "B"):
+        assert "No such" in on(h, f"docker inspect {NAME}").stderr
+
+
 def test_a_worker_that_never_joins_times_out_on_the_head(clean):
     faults.fault("B", "link-down")
     rep = launch(inv(clean), None, False, False, 8, True, None)

@@ -37,8 +37,9 @@ def test_healthy_lab_passes_every_check(healthy_lab):
     checks = {(c["host"], c["check"]): c for c in doc["checks"]}
     expected = {"ssh", "docker", "image", "rail_link", "rail_ip", "link_speed", "mtu", "jumbo_ping", "route",
                 "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity"}
-    assert {c for h, c in checks if h == "B"} == expected
+    assert {c for h, c in checks if h == "B"} == expected | {"ports"}   # B dials the head's master port
     assert {c for h, c in checks if h == "A"} == expected | {"ssh_peer"}
+    assert checks[("B", "ports")]["detail"] == "B reaches every port the plan dials from it: A 198.18.101.11:29501"
     assert all(c["status"] == "pass" for c in doc["checks"])
     assert all(set(c) == {"host", "check", "status", "detail", "evidence", "hint"} for c in doc["checks"])
     # the GB300 was chosen, never the display GPU listed before it
@@ -49,7 +50,7 @@ def test_healthy_lab_passes_every_check(healthy_lab):
 def test_table_output_and_exit_code(healthy_lab):
     r = inv_cmd("preflight", "-i", str(healthy_lab))
     assert r.returncode == 0
-    assert "jumbo_ping" in r.stdout and "PASS" in r.stdout and "OK: 35 pass across 2 host(s)" in r.stdout
+    assert "jumbo_ping" in r.stdout and "PASS" in r.stdout and "OK: 36 pass across 2 host(s)" in r.stdout
 
 
 def test_an_unreachable_host_is_said_at_once_and_the_rest_is_probed(healthy_lab):
@@ -164,6 +165,18 @@ def test_acs_redirect_off_the_gpu_nic_path_is_a_note_and_sysfs_counters_move_for
     assert b.status == "fail" and re.search(r"cx8r1 error counters moving: tx_dropped \+\d+ \(sysfs\)", b.detail), b
     assert "ip -s link show cx8r1" in b.hint
     faults.heal()
+
+
+def test_a_firewall_on_the_heads_master_port_fails_ports_alone_naming_host_address_and_port(healthy_lab):
+    """The plan's worker dials the head's master port; A's firewall drops it (nftables): ping, jumbo frames and
+    SSH over the same rail still pass, so only the port check can see it."""
+    faults.fault("A", "port-block", "29501")
+    results = preflight(healthy_lab)
+    assert failing(results) == [("B", "ports")]
+    r = by(results)[("B", "ports")]
+    assert r.detail == ("B cannot reach 198.18.101.11:29501 on A (the head's master port): no answer (the SYN was "
+                        "dropped: a firewall on A or on the path)"), r
+    assert "listen ok" in r.evidence and "allow TCP 29501 from B on A" in r.hint
 
 
 def test_mtu_fault_also_breaks_the_jumbo_ping_both_ways(healthy_lab):

@@ -2,8 +2,8 @@
 LiteLLM 1.108.7 proxy, on one hgx8 lab host: two replicas of TP=1 on two GPUs, sharing LMCache over
 its engine-driven transfers (lmcache_transfer_mode auto: the CPU engine's connector asks for them).
 One real bring-up for the module: health through the router, the cache proof on the real engines
-(the second replica retrieves the first one's KV blocks from LMCache, and its engine counts them), and a
-planned restart of one replica after which health passes.
+(the second replica retrieves the first one's KV blocks from LMCache, and its engine counts them), AIPerf
+through the router with its master key, and a planned restart of one replica after which health passes.
 
 What stays on the stand-in (test_lab_replicas.py): a killed replica and recover's long path. On a
 GPU host LMCache keeps a dead replica's KV memory mapped over CUDA IPC, so nvidia-smi shows its
@@ -13,6 +13,7 @@ the stand-in models that GPU state."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +59,19 @@ def test_the_cache_proof_on_the_real_engines(deployed):
     # this 2-layer model costs what computing it does), and the verdict does not ask it to be
     assert got["retrieved_tokens"] >= 2048 and got["external_prefix_cache_hits"] >= 2048, got
     assert f"then r1 {got['r1_ms'] / 1000:.2f} s" in proof["detail"], proof
+
+
+def test_bench_through_the_router_with_the_master_key(deployed, tmp_path):
+    r = run("bench", "--concurrency", "2", "--isl", "64", "--osl", "16", "--requests", "2", "--warmup", "1",
+            "--out", str(tmp_path), inv=deployed)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(sorted(tmp_path.glob(f"{DEP}/*/summary.json"))[-1].read_text())
+    assert s["endpoint"]["service"] == "router" and s["endpoint"]["port"] == 4000
+    p = s["series"][0]["points"][0]
+    assert p["errors"] == 0 and p["requests"] == 4 and p["metrics"]["output_tok_s"] > 0
+    assert not (Path(s["dir"]) / "c2" / "server_metrics_export.json").exists()   # LiteLLM's /metrics wants the key
+    key = (home("A") / ".config" / "railyard" / "litellm-master-key").read_text().strip()
+    assert key and not [f for f in Path(s["dir"]).rglob("*") if f.is_file() and key.encode() in f.read_bytes()]
 
 
 def test_a_planned_restart_of_a_real_replica_leaves_health_passing(deployed):

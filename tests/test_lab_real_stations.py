@@ -2,14 +2,13 @@
 rendered `docker run`, flags and environment are what the real `vllm serve` parses, TP=2 over the lab
 rail, worker first. One real bring-up is shared by the module's tests (a start takes about a minute
 on two cores); what only a GPU adds is the lab's GPU layer (the memory nvidia-smi shows, the NCCL
-log). Also `inv bench` against the real scheduler: AIPerf's numbers, and a max_num_seqs sweep whose
-effect is the engine's own."""
+log). Also `inv bench` against the real scheduler: AIPerf's numbers. `--sweep` (a relaunch per value and
+one to put the inventory's configuration back: about a minute each here) is shown on the stand-in
+(test_lab_bench.py); what it relaunches with is the same `launch` this module runs for real."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from railyard.lab import components
 
 from .conftest import home, inv_cmd, on, processes_of, real_lab
+from .test_bench import _png_text
 
 pytestmark = pytest.mark.lab
 NAME = "glm53-full"
@@ -102,30 +102,41 @@ def test_logs_and_status_show_the_real_engine(served):
 
 def test_bench_c_1_2_measures_the_real_scheduler_and_keeps_the_key_out(served, tmp_path):
     inv, _ = served
-    r = run("bench", "--concurrency", "1,2", *SMALL, "--out", str(tmp_path), inv=inv)
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = run("bench", "--concurrency", "1,2", *SMALL, "--out", str(tmp_path),
+            "--slo", "per_user_tok_s>=0.001", "--slo", "ttft_p90_s<=0.000001", inv=inv)
+    assert r.returncode == 0, r.stdout + r.stderr          # a failed SLO without --require: shown, exit 0
     s = json.loads(sorted(tmp_path.glob(f"{NAME}/*/summary.json"))[-1].read_text())
     pts = s["series"][0]["points"]
     assert [p["concurrency"] for p in pts] == [1, 2] and all(p["errors"] == 0 for p in pts)
+    assert [p["requests"] for p in pts] == [4, 4]         # 2 x C, at least 4
     assert all(p["metrics"]["output_tok_s"] > 0 and p["metrics"]["ttft_mean_s"] > 0 for p in pts)
+    assert all(p["units"]["time_to_first_token"] == "ms" for p in pts)
+    assert s["aiperf_version"] == "0.13.0" and s["endpoint"]["host"] == "A"
     run_dir = Path(s["dir"])
-    assert (run_dir / "c1" / "server_metrics_export.json").is_file()   # the engine's own /metrics, scraped
+    for p in pts:
+        assert (run_dir / p["dir"] / "profile_export_aiperf.json").is_file()
+        assert (run_dir / p["dir"] / "server_metrics_export.json").is_file()   # the engine's own /metrics, scraped
+    text = " ".join(r.stdout.split())
+    assert "overall tok/s" in text and "fail: ttft_p90_s<=1e-06" in text
+    assert "SLOs per_user_tok_s>=0.001, ttft_p90_s<=1e-06: met at no concurrency" in text
+    lat = json.loads(_png_text(run_dir / "latency.png")["railyard:series"])
+    assert [x["concurrency"] for x in lat["this run"]["ttft_mean_s"]] == [1, 2]
+    assert lat["_slos"] == {"ttft_mean_s": ["ttft_p90_s<=1e-06"]}
+    # the key: in no file of the run, and AIPerf's own record of its command line has it redacted
     assert not [f for f in run_dir.rglob("*") if f.is_file() and _key().encode() in f.read_bytes()]
+    doc = json.loads((run_dir / "c1" / "profile_export_aiperf.json").read_text())
+    assert "--api-key='<redacted>'" in doc["run_info"]["cli_command"]
+    assert _key() not in r.stdout + r.stderr
 
-
-def test_a_max_num_seqs_sweep_shows_the_engines_own_queueing(served, tmp_path):
-    """max_num_seqs=1 against the inventory's 16 (that value is the running configuration: no relaunch
-    for it, and none to restore after it)."""
-    inv, _ = served
-    r = run("bench", "--concurrency", "4", "--isl", "64", "--osl", "32", "--requests", "4", "--warmup", "1",
-            "--out", str(tmp_path), "--sweep", "max_num_seqs=1,16", inv=inv, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    s = json.loads(sorted(tmp_path.glob(f"{NAME}/*/summary.json"))[-1].read_text())
-    assert [x["label"] for x in s["series"]] == ["max_num_seqs=1", "max_num_seqs=16"] and s["restored"] is True
-    m = {x["value"]: x["points"][0]["metrics"] for x in s["series"]}
-    # one sequence at a time: the scheduler makes three of four requests wait for their first token
-    assert m["1"]["ttft_mean_s"] > 2 * m["16"]["ttft_mean_s"], m
-    assert json.loads(run("status", "--json", inv=inv).stdout)["ok"]   # the inventory's configuration again
+    # --compare: the same table with deltas, both runs on the plots; --require makes the failed SLO exit 1
+    r2 = run("bench", "--concurrency", "1", *SMALL, "--out", str(tmp_path), "--compare", str(run_dir),
+             "--slo", "ttft_p90_s<=0.000001", "--require", inv=inv)
+    assert r2.returncode == 1, r2.stdout + r2.stderr
+    assert " %)" in r2.stdout                                  # a delta against the earlier C=1
+    s2 = json.loads(sorted(tmp_path.glob(f"{NAME}/*/summary.json"))[-1].read_text())
+    assert s2["compare"] == str(run_dir) and s2["dir"] != s["dir"]
+    thr2 = json.loads(_png_text(Path(s2["dir"]) / "throughput.png")["railyard:series"])
+    assert len(thr2) == 2 and any(s["stamp"] in label for label in thr2)
 
 
 def test_stop_frees_the_gpus_and_start_head_first_brings_the_pair_back(served):

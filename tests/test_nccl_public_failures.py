@@ -76,12 +76,13 @@ def test_mtu_mismatch_capture_fails_with_its_real_signature():
     assert any("through NCCL's Progress Thread" in r for r in v.reasons)
 
 
-@pytest.mark.xfail(strict=True, reason="judge gap: `Got async event : local access violation work queue error` and "
-                                       "`status=5 ... vendor err 249` get the generic 'read the warning' hint; the "
-                                       "poster's cause (issue #1524) was different MTUs on the two hosts")
 def test_mtu_mismatch_capture_names_the_mtu():
+    # the poster's cause (NCCL issue #1524): different MTUs on the two hosts; the async event comes first, the
+    # flushed completion (status 5) after it carries the same fix, and the chain that unwinds them too
     v = j(MTU_220, ["mlx5_0"])
-    assert any("MTU" in r for r in warn_reasons(v))
+    warns = warn_reasons(v)
+    assert len(warns) == 2 and all("an MTU that differs between the two ends" in r for r in warns), warns
+    assert any(r.startswith("error return trace") and "MTU" in r for r in v.reasons)
 
 
 # ---------------------------------------------------------------- memlock / IPC_LOCK
@@ -103,7 +104,8 @@ def test_memlock_blog_trace_through_the_ib_plugin_is_one_reason():
     v = j(MEMLOCK_BLOG)
     trace = [r for r in v.reasons if r.startswith("error return trace")]
     assert trace == ["error return trace ib_plugin.c:448 -> 2, include/net.h:23 -> 2, transport/net.cc:248 -> 2 "
-                     "(3 frame(s)) (fix: read the WARN before it; NCCL_DEBUG_SUBSYS=ALL shows more)"]
+                     "(3 frame(s)) (fix: it unwinds the WARN before it: registering memory failed: run the container "
+                     "with --ulimit memlock=-1 and --cap-add IPC_LOCK)"]
 
 
 # ---------------------------------------------------------------- NCCL 2.30 / 2.16 line formats of a working IB init
@@ -126,5 +128,39 @@ def test_gdr_enabled_for_hca_line_carries_the_net_ib_prefix_and_the_run_passes()
     v = j(GDR_ENABLED_216)
     assert (v.verdict, v.net_transport, v.gdrdma, v.nccl_version) == ("pass", "IB", True, "2.16.5"), v.reasons
     assert v.hcas == ["mlx5_0", "mlx5_2"]
+    # every channel runs via NET/IB/1, [1]mlx5_2 (InfiniBand); [0]mlx5_0 (RoCE) is listed, idle
     rail = j(GDR_ENABLED_216, ["mlx5_2"])
-    assert rail.verdict == "fail" and any("uses mlx5_0, not the configured rail's mlx5_2" in r for r in rail.reasons)
+    assert rail.verdict == "pass" and not v.roce and rail.notes[0].startswith("lists mlx5_0 beside the configured")
+    other = j(GDR_ENABLED_216, ["mlx5_0"])
+    assert other.verdict == "fail" and any("uses mlx5_2, not the configured rail's mlx5_0" in r for r in other.reasons)
+
+
+# ---------------------------------------------------------------- WARN families with a known cause
+
+
+@pytest.mark.parametrize("name, warning, fix", [
+    ("k8s-horovod-sriov-ib_nccl2.4.8_mpi-timestamp-prefix_ring-no-gdrdma.log", "Unable to open device mlx5_0",
+     "NCCL lists the HCA but cannot open it inside the container"),
+    ("nccl-tests-2node-roce_ib-completion-error-vendor-err-81_fragment.log", "Got completion with error 4",
+     "status 4 is IBV_WC_LOC_PROT_ERR"),
+    # NCCL 2.30's `Got CQE with error` carries no status; the next WARN's (status=IBV_WC_RETRY_EXC_ERR(12)) fix
+    ("nccl2.30.4-2node-roce_ib-completion-retry-exc-err-12-vendor-err-129-hca_cqe-error_markdown-autolinks_fragment.log",
+     "ncclIbTest: Got CQE with error", "NCCL_IB_GID_INDEX must be the RoCE v2 index"),
+    ("efa-ofi-register-mr-cuda-type2-einval_title_line_fragment.log", "Unable to register memory (type = 2)",
+     "EFA installers before 1.29.1 with NCCL 2.19+"),
+    ("efa-ofi-register-mr-host-type1-enomem_trace_fragment.log", "Unable to register memory (type = 1)",
+     "--ulimit memlock=-1"),
+])
+def test_a_warn_with_a_known_cause_gets_its_fix_not_the_generic_one(name, warning, fix):
+    v = j(name)
+    mine = [r for r in warn_reasons(v) if warning in r]
+    assert mine and all(fix in r for r in mine), warn_reasons(v)
+    assert not any("read the warning; NCCL_DEBUG_SUBSYS=ALL" in r for r in v.reasons), v.reasons
+
+
+def test_rccl_s_numa_balancing_advice_is_a_note_not_a_reason():
+    # RCCL's WARN names its own fix ("sudo sysctl kernel.numa_balancing=0"): performance advice, not a failure
+    v = j("vllm-ray-2node-rccl2.26.6_socket-fallback_no-libibverbs.log")
+    assert not any("NUMA auto balancing" in r for r in v.reasons)
+    assert any("NUMA auto balancing" in n for n in v.notes)
+    assert v.verdict == "fail" and v.net_transport == "Socket"   # it fails for its socket fallback, as before

@@ -137,6 +137,28 @@ def test_a_gate_that_never_holds_times_out_naming_what_is_missing():
     assert rep.failure == "G1 (engine): no `Application startup complete` and /health within 2 s"
 
 
+def test_a_timed_out_launch_tries_the_plans_ports_again_and_names_the_one_that_did_not_connect():
+    """The head waits for its worker; from B, the head's master port gets no answer (the line is what
+    scripts/port_probe.py prints, tests/test_ports.py runs it on real sockets)."""
+    inv, plan, _ = station_plan()
+
+    def launch(dial_line):
+        hosts = {"A": Docker(inv.host("A"), log="Waiting for 1 remote node(s) to join"),
+                 "B": Docker(inv.host("B"), log="waiting for the head")}
+        hosts["B"].session.on(re.compile(r"^python3 -c "), (0, dial_line))
+        with runner_for(inv, hosts) as runner:
+            return ops.apply(plan, runner, current(plan), "~/models/m", False, 6, False, None), hosts["B"].session
+    rep, b = launch("dial 192.168.101.1 29501 timeout 3 100.0 103.0\n")
+    [probe] = [c for c in b.calls if c.startswith("python3 -c ")]
+    assert probe.endswith(" 3 2 dial 192.168.101.1 29501")
+    timed_out = "A (rank 0): no `Application startup complete` and /health within 6 s"
+    assert rep.failure == (timed_out + "; B cannot reach 192.168.101.1:29501 on A (the head's master port): no "
+                           "answer (dropped: a firewall on the rail?)")
+    assert rep.hint.startswith("allow TCP 29501 from B on A")
+    rep, _ = launch("dial 192.168.101.1 29501 connected 1 100.0 100.1\n")
+    assert rep.failure == timed_out  # reached: the timeout's own words alone
+
+
 def test_fake_session_fails_on_an_unexpected_command():
     inv, plan = hgx_plan()
     with pytest.raises(AssertionError, match="unexpected command: rm -rf /"):

@@ -29,7 +29,7 @@ def test_an_installed_wheel_has_its_roles_templates_and_scripts(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for want in ("railyard/roles/vllm/defaults/main.yml", "railyard/roles/vllm/layouts/dp_ep.yml",
                  "railyard/roles/vllm/templates/launch_server.sh.j2", "railyard/scripts/nccl_probe.py",
-                 "railyard/scripts/manifest.py", "railyard/py.typed"):
+                 "railyard/scripts/manifest.py", "railyard/scripts/port_probe.py", "railyard/py.typed"):
         assert want in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

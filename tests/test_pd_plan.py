@@ -110,7 +110,11 @@ def _write(tmp_path, prefill=None, decode=None, all_vars=None):
     (dict(decode={"vllm_kv_cache_dtype": "auto", "vllm_speculative_config": {"method": "eagle3",
                                                                              "num_speculative_tokens": 3}}),
      ["the KV cache dtype differs", "the speculative method differs from prefill host P1 ('mtp')"]),
-    (dict(decode={"vllm_extra_env": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}), ["the attention backend differs"]),
+    (dict(decode={"vllm_extra_args": ["--attention-backend", "FLASHINFER"]}),
+     ["decode.vars.vllm_extra_args = 'FLASHINFER': the attention backend differs from prefill host P1 ('')"]),
+    # vLLM picks the backend per GPU when none is given: an H200 decode pool beside B300 prefill would not agree
+    (dict(decode={"cluster_gpu_name": "H200"}),
+     ["decode.vars.cluster_gpu_name = 'H200': another GPU than prefill host P1 ('B300') and no --attention-backend"]),
     (dict(decode={"vllm_image": "vllm/vllm-openai:v0.31.0@sha256:" + "1" * 64}),
      ["the image (vLLM and NIXL connector version) differs"]),
     (dict(prefill={"pd_instances_per_host": 3}), ["3 instances x tensor 1 x pipeline 1 x data 4 = 12 GPUs on P1",
@@ -127,6 +131,16 @@ def test_what_the_handshake_compares_is_checked_before_any_ssh(tmp_path, kw, exp
     for e in expects:
         assert any(e in ln for ln in lines), (e, r.stderr)
     assert len(lines) == len(expects), r.stderr  # one line per difference
+
+
+def test_one_attention_backend_given_to_both_pools_lets_the_gpus_differ_and_the_old_variable_is_a_note(tmp_path):
+    same = ["--attention-backend", "FLASHINFER_MLA"]
+    p = _write(tmp_path, prefill={"vllm_extra_args": same},
+               decode={"cluster_gpu_name": "H200", "vllm_extra_args": same,
+                       "vllm_extra_env": {"VLLM_ATTENTION_BACKEND": "FLASHMLA"}})
+    _, plan = pd_plan(path=p)
+    (note,) = plan.notes   # vLLM 0.30 no longer reads it: neither compared nor silently trusted
+    assert note.startswith("vllm_extra_env sets VLLM_ATTENTION_BACKEND, which vLLM 0.30 no longer reads")
 
 
 def test_tp_and_speculative_token_counts_may_differ(tmp_path):
@@ -150,6 +164,14 @@ def _two_host_decode(tmp_path, hosts=2, **decode):
     return p
 
 
+def test_the_kv_lease_reaches_the_connector_config_and_none_leaves_vllms_default():
+    # vLLM 0.30+: kv_connector_extra_config.kv_lease_duration (default 30 s); VLLM_NIXL_ABORT_REQUEST_TIMEOUT is gone
+    line = docker.run_line(*(lambda p: (p, p.service("prefill-0")))(pd_plan("pd_kv_lease_s=120")[1]))
+    assert '"kv_connector_extra_config":{"kv_lease_duration":120}' in line
+    _, plain = pd_plan()
+    assert "kv_lease_duration" not in docker.run_line(plain, plain.service("prefill-0"))
+
+
 def test_a_decode_instance_over_two_hosts_starts_its_headless_ranks_first(tmp_path):
     _, plan = pd_plan(path=_two_host_decode(tmp_path))
     assert [[s.name for s in st.services] for st in plan.stages] == [
@@ -161,6 +183,9 @@ def test_a_decode_instance_over_two_hosts_starts_its_headless_ranks_first(tmp_pa
                 in line and "--data-parallel-size 16" in line), line
         docker_parses(line)
     assert "--headless" not in hline and "--data-parallel-start-rank" not in hline
+    _, counted = pd_plan("vllm_api_server_count=2", path=_two_host_decode(tmp_path))
+    assert "--api-server-count 2" in docker.run_line(counted, counted.service("decode-0"))
+    assert "--api-server-count" not in docker.run_line(counted, counted.service("decode-0-node1"))  # vLLM refuses it
     assert "--data-parallel-start-rank 8" in nline and nline.count("--headless") == 1
     assert (node.host, node.spec.gpus.uuids) == ("D2", tuple(f"GPU-D2-{i}" for i in range(8)))
     # each rank's NIXL side channel on its own host's rail; vLLM adds the global DP rank to the port

@@ -108,6 +108,13 @@ def test_rank_order_is_the_stage_order_and_values_stay_symbolic_in_the_plan():
     assert plan.endpoint.host == "A" and plan.endpoint.url == "http://127.0.0.1:8000/v1"
 
 
+def test_api_server_count_is_never_given_to_a_headless_rank():
+    # vLLM 0.30's `vllm serve --headless` raises "api_server_count can't be set in headless mode" (> 1)
+    _, plan, _ = station_plan("vllm_api_server_count=2")
+    head, worker = (docker.run_argv(plan, plan.service(n))[-1] for n in ("head", "worker-1"))
+    assert "--api-server-count 2" in head and "--api-server-count" not in worker and worker.endswith("--headless")
+
+
 def test_a_changed_value_changes_the_spec_hash_and_the_same_plan_does_not():
     _, p1, _ = station_plan()
     _, p2, _ = station_plan()
@@ -148,6 +155,20 @@ def test_dp_ep_plan_gates_on_every_dp_rank_and_a_half_node_pins_one_socket():
     assert svc.spec.gpus.count == 4
 
 
+@pytest.mark.parametrize("backend", ["deepep_v2", "mori_high_throughput", "mori_low_latency"])
+def test_the_all2all_backends_vllm_0_30_added_are_planned(backend):
+    _, plan = hgx_plan("serve_layout=dp_ep", f"vllm_all2all_backend={backend}")
+    assert f"--all2all-backend {backend} " in docker.run_argv(plan, plan.services()[0])[-1] and plan.notes == ()
+
+
+def test_a_removed_all2all_backend_is_planned_with_a_note_of_what_vllm_runs_instead():
+    # vLLM 0.30 accepts pplx and naive, logs "The 'pplx' all2all backend has been removed. Falling back to
+    # 'allgather_reducescatter'." and serves: nothing fails, so railyard says it
+    _, plan = hgx_plan("serve_layout=dp_ep", "vllm_all2all_backend=pplx")
+    (note,) = plan.notes
+    assert note.startswith("vllm_all2all_backend = 'pplx': removed in vLLM 0.30, which runs allgather_reducescatter")
+
+
 def test_env_file_of_a_one_host_layout_names_its_gpus_and_cpus():
     _, plan = hgx_plan("serve_layout=dp_ep")
     text = envfile.render(plan, plan.services()[0])
@@ -178,7 +199,10 @@ SERVE = lambda d: d["all"]["children"]["serve"]["vars"]  # noqa: E731
     (lambda d: SERVE(d).update(serve_layout="dp_ep", vllm_enable_expert_parallel=False),
      "vllm_enable_expert_parallel = False: dp_ep needs expert parallel"),
     (lambda d: SERVE(d).update(serve_layout="dp_ep", vllm_all2all_backend="deepep"),
-     "vllm_all2all_backend = 'deepep': not an --all2all-backend vLLM knows"),
+     "vllm_all2all_backend = 'deepep': not an --all2all-backend vLLM 0.30 knows"),
+    # vLLM 0.30's parser refuses it (its MoRI backends are mori_high_throughput and mori_low_latency)
+    (lambda d: SERVE(d).update(serve_layout="dp_ep", vllm_all2all_backend="mori"),
+     "vllm_all2all_backend = 'mori': not an --all2all-backend vLLM 0.30 knows"),
     (lambda d: SERVE(d).update(serve_layout="dp_ep", vllm_data_parallel_size=4),
      "data 4 parallel = 4 must equal the GPUs the host gives it (cluster_gpus_per_host: 8)"),
     (lambda d: SERVE(d).update(serve_layout="single_node_tp", vllm_data_parallel_size=2, vllm_tensor_parallel_size=4),

@@ -257,3 +257,67 @@ def test_a_probe_that_missed_its_limit_is_asked_again_alone_and_its_second_answe
     assert got["ssh_peer"].text.startswith("@@peer 198.18.101.12 rc=0") and got["ip_link"] is first["ip_link"]
     done = {k: Output(0, "") for k in first}
     assert _asked_again(s, sections, done) is done and len(s.calls) == 1   # nothing unfinished: no round trip
+
+
+def test_ssh_peer_is_asked_again_only_for_the_peers_that_hung_with_twice_the_limit():
+    """24 hosts probing at once on two cores: one ssh of 23 can miss its 8 s. Asked again: only that peer, with
+    16 s, and the others' first answers kept beside its second one."""
+    import re
+    from railyard.inventory import load_inventory
+    from railyard.preflight import SSH_PEER_HANG_S, _asked_again, ssh_peer_again, ssh_peer_section
+    from railyard.probe import answer
+    from railyard.transport import FakeSession
+    from .conftest import ROOT
+    inv = load_inventory(ROOT / "inventory" / "pd-3x-b300.yml")
+    (slow, fine) = inv.workers
+    a, b = slow.serve_rail.ip, fine.serve_rail.ip
+    section = ssh_peer_section(inv.workers)
+    first = {"ssh_peer": Output(0, f"@@peer {a} rc=124\n\n@@peer {b} rc=0\n{fine.name}\n")}
+    s = FakeSession(inv.head, {re.compile(r"^T="): answer({"ssh_peer": f"@@peer {a} rc=0\n{slow.name}\n"})})
+    got = _asked_again(s, [section], first, {"ssh_peer": ssh_peer_again(inv.workers)})
+    (script,) = s.calls
+    assert f"timeout {2 * SSH_PEER_HANG_S} ssh" in script and a in script and b not in script
+    from railyard.probe import split_blocks
+    assert split_blocks(got["ssh_peer"].text) == {a: (0, slow.name), b: (0, fine.name)}
+    res = C.check_ssh_peer(inv.head, got["ssh_peer"], inv.workers)
+    assert res.status == C.PASS, res
+
+
+def test_many_hung_peers_are_named_once_grouped_with_one_hint():
+    import ipaddress
+    from railyard.inventory import Rail
+    workers = [Host(name=f"W{i}", rank=i + 1, address="127.0.0.1", port=22, user="", connection="ssh", key_file="",
+                    rails={"cx8r1": Rail("cx8r1", "mlx5_1", ipaddress.IPv4Interface(f"198.18.101.{20 + i}/24"))},
+                    vars={"cluster_serve_rail": "cx8r1"}) for i in range(21)]
+    out = Output(0, "".join(f"@@peer {w.serve_rail.ip} rc=124\n\n" for w in workers))
+    res = C.check_ssh_peer(host("A"), out, workers)
+    assert res.status == C.FAIL and res.detail.count("ssh hung, no answer within its limit") == 1, res.detail
+    assert "21 peers" in res.detail and "W0 (198.18.101.20)" in res.detail and "W20 (198.18.101.40)" in res.detail
+    assert res.hint.count("ssh -vvv") == 1, res.hint
+
+
+def test_ssh_s_own_connect_timeout_is_asked_again_and_named_for_what_it_is():
+    # seen on a 24-host lab with a core kept busy: every peer's sshd too slow for ConnectTimeout=5
+    import re
+    from railyard.inventory import load_inventory
+    from railyard.preflight import _asked_again, ssh_peer_again, ssh_peer_section
+    from railyard.probe import answer
+    from railyard.transport import FakeSession
+    from .conftest import ROOT
+    inv = load_inventory(ROOT / "inventory" / "pd-3x-b300.yml")
+    a, b = (w.serve_rail.ip for w in inv.workers)
+    slow = "Connection timed out during banner exchange\nConnection to {} port 22 timed out"
+    first = {"ssh_peer": Output(0, f"@@peer {a} rc=255\n{slow.format(a)}\n@@peer {b} rc=0\nP2\n")}
+    again = {"ssh_peer": f"@@peer {a} rc=255\n{slow.format(a)}\n"}
+    s = FakeSession(inv.head, {re.compile(r"^T="): answer(again)})
+    got = _asked_again(s, [ssh_peer_section(inv.workers)], first, {"ssh_peer": ssh_peer_again(inv.workers)})
+    assert len(s.calls) == 1 and b not in s.calls[0]
+    res = C.check_ssh_peer(inv.head, got["ssh_peer"], inv.workers)
+    assert res.status == C.FAIL and "no answer in time (sshd's banner; asked twice)" in res.detail
+    assert "unreachable" not in res.detail
+    # a connect that timed out (nothing took the connection: the rail down, no address) is no load: not asked again
+    dead = {"ssh_peer": Output(0, f"@@peer {a} rc=255\nssh: connect to host {a} port 22: Connection timed out\n"
+                                  f"@@peer {b} rc=0\nP2\n")}
+    s2 = FakeSession(inv.head, {re.compile(r"^T="): answer(again)})
+    assert _asked_again(s2, [ssh_peer_section(inv.workers)], dead, {"ssh_peer": ssh_peer_again(inv.workers)}) is dead
+    assert s2.calls == []

@@ -104,16 +104,18 @@ def test_hgx8_every_gpus_path_to_the_rail_nic_is_judged(tmp_path):
 
 
 def test_sysfs_counters_are_read_where_ethtool_shows_none_and_movement_fails():
-    src, c = F.parse_rail_counters("@@source sysfs /sys/class/net/eth0/statistics /sys/class/infiniband/mlx5_0/"
-                                   "ports/1/counters\n" + ETH0)
-    assert src == "sysfs /sys/class/net/eth0/statistics, /sys/class/infiniband/mlx5_0/ports/1/counters"
+    # the H200 machine: the net statistics answer, its /sys/class/infiniband is empty (h200-vm-no-infiniband.txt):
+    # evidence names the folder that was read, never the one that gave nothing
+    src, c = F.parse_rail_counters("@@source sysfs\n@@dir /sys/class/net/eth0/statistics\n" + ETH0 +
+                                   "@@dir /sys/class/infiniband/mlx5_0/ports/1/counters\n")
+    assert src == "sysfs /sys/class/net/eth0/statistics"
     assert len(c) == 11 and set(c.values()) == {0} and "tx_dropped" in c
-    first = "@@source sysfs /sys/class/net/cx8r1/statistics x\n" + ETH0
+    first = "@@source sysfs\n@@dir /sys/class/net/cx8r1/statistics\n" + ETH0 + "@@dir /sys/class/infiniband/x\n"
     later = first.replace("tx_dropped:0", "tx_dropped:3").replace("rx_crc_errors:0", "rx_crc_errors:2")
     h = rail_host()
     steady = C.check_gdr(h, gdr_out(MODS, "", IBV, LSPCI, first, first), "6.8.0")
-    assert steady.status == "pass" and "cx8r1 counters (sysfs /sys/class/net/cx8r1/statistics, x): all error " \
-        "counters 0" in steady.evidence
+    assert steady.status == "pass" and "cx8r1 counters (sysfs /sys/class/net/cx8r1/statistics): all error " \
+        "counters 0" in steady.evidence and "infiniband" not in steady.evidence
     moving = C.check_gdr(h, gdr_out(MODS, "", IBV, LSPCI, first, later), "6.8.0")
     assert moving.status == "fail" and "cx8r1 error counters moving: rx_crc_errors +2, tx_dropped +3 (sysfs)" \
         in moving.detail and "ethtool -m cx8r1" in moving.hint
@@ -136,10 +138,13 @@ def test_the_probe_reads_sysfs_only_when_ethtool_shows_no_rail_counter(tmp_path)
         (stats / k).write_text("5\n")
     script = counters_script("cx8r1", "mlx5_0").replace("/sys/class/net/cx8r1/statistics", str(stats))
     fake = bin_ / "ethtool"
+    ib = "@@dir /sys/class/infiniband/mlx5_0/ports/1/counters\n"   # no such folder here: nothing under it
     for body, want in (("     rx_crc_errors_phy: 7", "@@source ethtool\n     rx_crc_errors_phy: 7\n"),
-                       ("     peer_ifindex: 5\n     rx_queue_0_xdp_tx_errors: 0", "rx_errors:5\ntx_dropped:5\n")):
+                       ("     peer_ifindex: 5\n     rx_queue_0_xdp_tx_errors: 0",
+                        f"@@dir {stats}\nrx_errors:5\ntx_dropped:5\n{ib}")):
         fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{body}'\n")
         fake.chmod(0o755)
         out = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
                              env={"PATH": f"{bin_}:/usr/bin:/bin"}).stdout
         assert out.endswith(want), out
+    assert F.parse_rail_counters(out)[0] == f"sysfs {stats}"    # the folder that answered, and only it

@@ -127,11 +127,12 @@ def profile_argv(model: str, url: str, tokenizer: str, c: int, load: Load, out: 
     """`aiperf profile` for one concurrency, streaming, warm-up excluded, fixed seed (no key: see aiperf_main)."""
     argv = ["profile", "-m", model, "--url", url, "--endpoint-type", "chat", "--streaming",
             "--tokenizer", tokenizer, "--concurrency", str(c),
-            "--request-count", str(max(load.min_requests, load.requests_per_c * c)),
-            "--warmup-request-count", str(load.warmup_per_c * c), "--random-seed", str(load.seed),
+            "--request-count", str(max(load.min_requests, load.requests_per_c * c)), "--random-seed", str(load.seed),
             "--request-timeout-seconds", str(load.timeout_s),
             "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
             "--no-gpu-telemetry", "--ui", "none", "--artifact-dir", str(out)]
+    if load.warmup_per_c:            # AIPerf 0.13 refuses a count of 0: no warm-up is the flag left out
+        argv += ["--warmup-request-count", str(load.warmup_per_c * c)]
     if load.dataset:
         argv += ["--input-file", load.dataset, "--custom-dataset-type", "single_turn", "--osl", str(load.osl)]
     else:

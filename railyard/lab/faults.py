@@ -82,18 +82,38 @@ def _mtu_blackhole_heal(h, value):
 def _rail_loss(h, value):
     """A marginal optic or cable on the serving rail: the host drops every Nth frame over 1500 bytes that arrives
     on it (default 3), in the kernel (nftables), before ping or any program sees it. Large frames only, as bit errors
-    hit them first: small frames still pass, so preflight reports loss, not a dead path."""
+    hit them first: small frames still pass, so preflight reports loss, not a dead path. Each kind of frame has its
+    own count (echo requests, echo replies, the rest: one numgen per rule), so the first large echo of each ping run
+    is lost whatever else crosses the rail at the same time (an SSH session over it, a peer's own ping)."""
     n = value or "3"
     if not n.isdigit() or int(n) < 2:
         raise UsageError(f"lab.fault rail-loss: {n!r} is not N >= 2 (drop every Nth large frame)")
+    drop = f"iifname {h.serve_rail} meta length > 1500"
     rules = (f"table inet railyard_lab_loss {{ chain input {{ type filter hook input priority 0; "
-             f"iifname {h.serve_rail} meta length > 1500 numgen inc mod {n} == 0 counter drop; }}; }}")
+             f"{drop} icmp type echo-request numgen inc mod {n} == 0 counter drop; "
+             f"{drop} icmp type echo-reply numgen inc mod {n} == 0 counter drop; "
+             f"{drop} meta l4proto != icmp numgen inc mod {n} == 0 counter drop; }}; }}")
     in_host(h, "nft", "-f", "-", input=rules)
     return n
 
 
 def _rail_loss_heal(h, value):
     in_host(h, "nft", "delete", "table", "inet", "railyard_lab_loss", check=False)
+
+
+def _port_block(h, value):
+    """A host firewall on the serving rail: the host drops every TCP connection to PORT that arrives on it (nftables,
+    in the kernel: the SYN gets no answer, as with a DROP rule). ICMP, SSH and every other port still pass."""
+    port = value or "29501"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"lab.fault port-block: {port!r} is not a TCP port")
+    in_host(h, "nft", "-f", "-", input=f"table inet railyard_lab_ports {{ chain input {{ type filter hook input "
+                                         f"priority 0; iifname {h.serve_rail} tcp dport {port} counter drop; }}; }}")
+    return port
+
+
+def _port_block_heal(h, value):
+    in_host(h, "nft", "delete", "table", "inet", "railyard_lab_ports", check=False)
 
 
 def _link_down(h, value):
@@ -362,6 +382,8 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
                       "above N bytes (default 1500); both ends keep MTU 9000"),
     "rail-loss": (_rail_loss, _rail_loss_heal, "drop every Nth frame over 1500 bytes arriving on the serving rail "
                   "(default 3; a marginal optic: small frames pass)"),
+    "port-block": (_port_block, _port_block_heal, "a host firewall drops TCP to PORT arriving on the serving rail "
+                   "(default 29501, the master port); ping and SSH still pass"),
     "link-down": (_link_down, _link_heal, "take the serving rail's link down"),
     "mgmt-down": (_mgmt_down, _mgmt_heal, "take the management link down (SSH from the control machine stops answering)"),
     "no-ip": (_no_ip, _no_ip_heal, "remove the serving rail's IPv4 address"),
@@ -383,6 +405,8 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "xid": (_number("xid", "79"), _state_heal("xid"), "an NVRM Xid N (default 79) for the compute GPU in the "
             "kernel log (dmesg)"),
     "no-peermem": (_flag("no-peermem"), _state_heal("no-peermem"), "nvidia_peermem is not loaded (lsmod)"),
+    "no-uverbs": (_flag("no-uverbs"), _state_heal("no-uverbs"), "ib_uverbs is not loaded: the HCAs are in sysfs "
+                  "(ibdev2netdev lists them), /dev/infiniband is not there (docker run --device refuses it)"),
     "acs-redirect": (_state_choice("acs-redirect", ("path", "off-path"), "path (the switch ports between the GPU "
                      "and the serving rail's NIC) or off-path (an NVMe drive's port on that switch)"),
                      _state_heal("acs-redirect"), "ACS ReqRedir/CmpltRedir on the PCIe switch ports between a GPU "

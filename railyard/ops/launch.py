@@ -22,7 +22,7 @@ from ..errors import CommandFailed, LaunchError, UsageError
 from ..render.docker import config_hash, run_line
 from ..runner import Runner
 from ..serving.hostfacts import gpu_usage
-from ..serving.spec import Gate, LaunchPlan, Service
+from ..serving.spec import Dial, Gate, LaunchPlan, Service
 from ..serving.vllm import parse_kv_cache
 from ..transport import RemotePath, Session, cmd, q, read_remote, write_remote
 from .containers import inspect, log_tail, uptime
@@ -244,10 +244,45 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
             rep.ready_seconds = time.monotonic() - started_at
             rep.api = plan.endpoint.url
     if rep.failure:
-        rep.logs = {label(plan, s): log_tail(runner.session(s.host), s.spec.name, 20) for s in services}
         rep.hint = ("read the logs above; `inv logs --rank HOST`; `inv preflight` for the hosts; --rollback stops what a "
                     "failed launch started")
+        if states[rep.failed_service].detail.startswith("timed out"):  # a rank may wait for a peer it cannot reach
+            cut = unreachable_dials(plan, runner, {s.host for s in live})
+            if cut:
+                rep.failure += "; " + "; ".join(f"{d.src} cannot reach {d.address}:{d.port} on {d.dst} ({d.what}): "
+                                                f"{CUT.get(how, how)}" for d, how in cut)
+                rep.hint = ("; ".join(dict.fromkeys(f"allow TCP {d.port} from {d.src} on {d.dst} (`nft list ruleset`, "
+                                                    f"`iptables -S` there)" for d, _ in cut))
+                            + "; `inv preflight` tries every port the plan dials; then `inv launch --recreate`")
+        rep.logs = {label(plan, s): log_tail(runner.session(s.host), s.spec.name, 20) for s in services}
     return rep
+
+
+GATE_DIAL_S = 3  # each connection of the plan tried again for this long when a launch timed out
+CUT = {"timeout": "no answer (dropped: a firewall on the rail?)", "refused": "refused (nothing listens, or a "
+       "firewall rejects it)", "unreachable": "unreachable (ICMP: a firewall rejecting it, or no route)"}
+
+
+def unreachable_dials(plan: LaunchPlan, runner: Runner, running: set[str]) -> list[tuple[Dial, str]]:
+    """The plan's connections between hosts whose target host runs its service, tried once more from each
+    dialing host at once (scripts/port_probe.py): those that did not connect, with how they failed."""
+    from ..checks import parse_port_probe
+    from ..preflight import port_probe
+    by_src: dict[str, list[Dial]] = {}
+    for d in plan.dials:
+        if d.dst in running:
+            by_src.setdefault(d.src, []).append(d)
+
+    def one(s: Session) -> dict:
+        mine = list(dict.fromkeys((d.address, d.port) for d in by_src[s.host.name]))
+        return parse_port_probe(s.run(port_probe(GATE_DIAL_S, [], mine), timeout=GATE_DIAL_S + 10).stdout)[1]
+    got = runner.each(one, [runner.session(src).host for src in by_src])
+    out = []
+    for src, dials in by_src.items():
+        seen = got[src] if isinstance(got[src], dict) else {}  # a host that did not answer shows nothing
+        out += [(d, seen[(d.address, d.port)].status) for d in dials
+                if (d.address, d.port) in seen and seen[(d.address, d.port)].status != "connected"]
+    return out
 
 
 def _wait_started(s: Session, svc: Service, deadline: float, timeout: float, st: ServiceState, status, fail) -> bool:
@@ -363,6 +398,8 @@ def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: st
     ensure_secrets(plan, runner)
     ensure_files(plan, runner, services)
 
+    refused: list[str] = []   # a run docker refused at start (a --device the host lacks) leaves a Created container
+
     def start_one(svc: Service) -> str | None:
         if svc.name in keep:  # its gates are still waited for, as for the others
             return None
@@ -370,6 +407,7 @@ def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: st
         if r.error:
             return f"{r.error.kind}: {r.error.message}"
         if r.rc != 0:
+            refused.append(svc.name)
             return (r.stderr.strip() or r.stdout.strip()).splitlines()[-1] if (r.stderr or r.stdout) else f"exit {r.rc}"
         return None
 
@@ -380,7 +418,8 @@ def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: st
     final_gates(plan, runner, rep)
     rep.timeline = timeline.read(plan, runner)  # before a rollback removes what it is read from
     if rep.failure and rollback:
-        rep.rolled_back = stop_services(plan, runner, [s for s in services if s.name in rep.started], remove=True)
+        rep.rolled_back = stop_services(plan, runner, [s for s in services if s.name in rep.started + refused],
+                                        remove=True)
     return rep
 
 

@@ -39,7 +39,7 @@ KNOWN_FAILURES = (
      "localhost (railyard sets it; check vllm_extra_env)"),
     ("Releasing expired KV blocks",
      "prefill released KV blocks no decode worker read in time: decode is overloaded or cannot reach the prefill "
-     "host's side channel (inv verify-rdma; VLLM_NIXL_ABORT_REQUEST_TIMEOUT)"),
+     "host's side channel (inv verify-rdma); pd_kv_lease_s (vLLM's kv_lease_duration, 30 s) is how long it waits"),
     ("NIXL_ERR_BACKEND",
      "NIXL could not start its UCX backend or found no transport to the peer: /dev/infiniband, IPC_LOCK, memlock and "
      "UCX_TLS/UCX_NET_DEVICES (inv verify-rdma); a UCX from a pip wheel can also conflict with the image's"),

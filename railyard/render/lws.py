@@ -29,6 +29,7 @@ from . import walk
 DEFAULT_RDMA_RESOURCE = "rdma/rdma_shared_device_a"  # the NVIDIA network operator's shared RDMA device plugin
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 DS_API = "disaggregatedset.x-k8s.io/v1"
+LEADER = "leaderworkerset.sigs.k8s.io/worker-index=0"   # LWS's label: 0 on a group's leader pod
 SET_LABEL = "leaderworkerset.sigs.k8s.io/name"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 
@@ -36,6 +37,10 @@ _LWS_REFS = {"head_addr": "$(LWS_LEADER_ADDRESS)", "node_rank": "$(LWS_WORKER_IN
              "pod_ip": "$(POD_IP)", "pod_namespace": "$(POD_NAMESPACE)"}
 _DOWNWARD = {"pod_ip": ("POD_IP", "status.podIP"), "pod_namespace": ("POD_NAMESPACE", "metadata.namespace")}
 _SHELL_VARS = {"node_addr": "RAILYARD_NODE_ADDR", "gid_index": "RAILYARD_GID_INDEX"}
+# What names the host's rail for a process on it: in a pod of its own network namespace that interface does not
+# exist (NCCL and Gloo would find no socket interface) and NCCL's GID index is the host's
+RAIL_ONLY_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_GID_INDEX")
+POOL_NODE_LABEL = "railyard.io/pool"
 
 # The pod's own facts, as `inv env` reads them over SSH: the rail's IPv4 (SIOCGIFADDR) and the index of
 # the RoCE v2 GID holding it (/sys/class/infiniband/HCA/ports/1/gids and gid_attrs/types).
@@ -102,19 +107,27 @@ class _Pods:
         self.plan, self.model, self.rdma_resource = plan, model, rdma_resource
         self.config_maps: dict[str, dict[str, str]] = {}
 
-    def template(self, svc: Service, labels: dict[str, str], argv_of=None) -> dict:
+    def template(self, svc: Service, labels: dict[str, str], argv_of=None, pod_network: bool = False) -> dict:
         """The pod template of one service. argv_of: what the program's words are here (the router finds its
-        backends by their labels)."""
+        backends by their labels). pod_network: the pod has its own network namespace (a pd instance that is one
+        pod: its DP ranks talk inside it, its KV goes over RDMA): its own rail address is the pod's address,
+        and the rail's interface, not in the pod, is named nowhere."""
         spec = svc.spec
         resolved = walk.markers(svc)
-        argv = [walk.own_address(w, svc) for w in walk.words(svc, resolved)]
+
+        def own(text: str) -> str:
+            text = walk.own_address(text, svc)
+            return text.replace(walk.token("ref_node_addr"), walk.token("pod_ip")) if pod_network else text
+        argv = [own(w) for w in walk.words(svc, resolved)]
         if _node_bound(svc) and "--host" in argv:  # its API on the pod's address, where Services and probes reach it
             argv[argv.index("--host") + 1] = walk.token("pod_ip")
         if argv_of:
             argv = argv_of(argv)
         env, exports = [], []
         for k, v in spec.env:
-            text = walk.own_address(walk.value(v, resolved), svc)
+            if pod_network and k in RAIL_ONLY_ENV:
+                continue
+            text = own(walk.value(v, resolved))
             if walk.tokens_in(text) & {"ref_node_addr", "ref_gid_index", "gid_index"}:
                 exports.append(f"export {k}={q(text)}")
             else:
@@ -167,7 +180,7 @@ class _Pods:
         if probe:
             container["readinessProbe"] = probe
         pod: dict = {}
-        if spec.host_network:
+        if spec.host_network and not pod_network:
             pod.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
         if spec.host_ipc:
             pod["hostIPC"] = True
@@ -329,6 +342,10 @@ def render(plan: LaunchPlan, model: ModelVolume, rdma_resource: str = DEFAULT_RD
     head = (f"# Rendered by railyard from the {plan.layout} plan of {plan.deployment}: the containers `inv launch` "
             "starts, as Kubernetes objects.\n# Needs: the LeaderWorkerSet controller (LWS v0.9+ for DisaggregatedSet), "
             "the NVIDIA device plugin, an RDMA device plugin.\n")
+    if pools:
+        for role, hosts in pool_nodes(plan).items():
+            head += (f"# Before applying: kubectl label nodes {' '.join(hosts)} {POOL_NODE_LABEL}="
+                     f"{pool_node_label(plan, role)} (the {role} pool's nodes: its pods run there only)\n")
     secrets = sorted({secret_name(plan, s) for svc in plan.services() for s in svc.spec.secrets})
     for s in secrets:
         head += f"# Before applying: kubectl create secret generic {s} --from-file=value=FILE (one value, no newline)\n"
@@ -368,22 +385,61 @@ def _same_node(plan: LaunchPlan, objects: list[dict]) -> None:
 
 def _disaggregated(plan: LaunchPlan, pods: _Pods, pools: dict[str, list[Service]],
                    selectors: dict[str, dict[str, str]]) -> dict:
-    """One role per pool; each instance is one LWS group (its DP ranks across hosts, or one pod)."""
+    """One role per pool; each instance is one LWS group: its DP ranks across hosts (host network: the ranks
+    meet over the rail, so one pod of the pool per node), or one pod in its own network namespace, so that
+    several instances share a node as `inv launch` runs them, all on the one port the router's discovery takes.
+    Every pod of a pool runs on the nodes labelled for it (pool_nodes): a decode pod never takes the GPUs a
+    prefill pod was planned on."""
     roles = []
     for role, members in pools.items():
         first = members[0]
         labels = _pool_labels(plan, role)
         group = plan.group(first.group) if first.group else [first]
-        leader = pods.template(group[0], labels)
+        one_pod = len(group) == 1   # else one instance per host (the plan's rule): one pod of the pool per node
+        leader = pods.template(group[0], labels, pod_network=one_pod)
+        leader["spec"]["nodeSelector"] = {POOL_NODE_LABEL: pool_node_label(plan, role)}
+        worker = leader
+        if not one_pod:
+            worker = _one_worker(pods, group, labels)
+            worker["spec"]["nodeSelector"] = dict(leader["spec"]["nodeSelector"])
         lwt: dict = {"size": len(group), "restartPolicy": "RecreateGroupOnPodRestart", "leaderTemplate": leader,
-                     "workerTemplate": _one_worker(pods, group, labels) if len(group) > 1 else leader}
+                     "workerTemplate": worker}
         roles.append({"name": role, "spec": {"replicas": len(members), "startupPolicy": "LeaderCreated",
                                              "leaderWorkerTemplate": lwt}})
         for s in plan.services():
             if s.role == role:
                 selectors[s.name] = labels
-    return {"apiVersion": DS_API, "kind": "DisaggregatedSet", "metadata": _meta(plan, k8s_name(plan.deployment)),
-            "spec": {"roles": roles}}
+    name = k8s_name(plan.deployment)
+    for r in roles:
+        _generated_names_fit(name, r["name"], r["spec"]["replicas"])
+    return {"apiVersion": DS_API, "kind": "DisaggregatedSet", "metadata": _meta(plan, name), "spec": {"roles": roles}}
+
+
+def pool_node_label(plan: LaunchPlan, role: str) -> str:
+    """The value of the node label that puts a pool's pods on its nodes (`kubectl label nodes`)."""
+    return k8s_name(plan.deployment, role)
+
+
+def pool_nodes(plan: LaunchPlan) -> dict[str, list[str]]:
+    """Each pool's hosts, in plan order: the nodes to label for it."""
+    out: dict[str, list[str]] = {}
+    for s in plan.services():
+        if s.role in ("prefill", "decode") and s.host not in out.setdefault(s.role, []):
+            out[s.role].append(s.host)
+    return out
+
+
+def _generated_names_fit(ds: str, role: str, replicas: int) -> None:
+    """LWS's admission webhook refuses a DisaggregatedSet whose generated names pass DNS-1035's 63
+    characters: the role's LeaderWorkerSet `<ds>-<slice>-<revision, 8>-<role>`, plus the longer of its
+    Service's `-prv` and its worker pods' revision label `-<group index>-<hash, 10>` (kubernetes-sigs/lws,
+    pkg/webhooks/disaggregatedset/disaggregatedset_webhook.go, validateGeneratedNames; one slice here)."""
+    suffix = max(len("-prv"), 1 + len(str(max(replicas - 1, 0))) + 11)
+    fixed = 3 + 1 + 8 + suffix          # three "-", the slice index, the revision
+    if len(ds) + len(role) + fixed > 63:
+        raise UsageError(f"--to lws: vllm_container = {ds!r}: with the role {role!r}, the names LWS generates "
+                         f"reach {len(ds) + len(role) + fixed} characters and its webhook refuses past 63: "
+                         f"name and role together at most {63 - fixed} ({63 - fixed - len(role)} for the name)")
 
 
 def _pool_labels(plan: LaunchPlan, role: str) -> dict[str, str]:
@@ -409,8 +465,8 @@ def _discovery(plan: LaunchPlan, pools: dict[str, list[Service]]):
             i += 1
         out += ["--service-discovery", "--service-discovery-namespace", walk.token("pod_namespace"),
                 "--service-discovery-port", str(port)]
-        for role in pools:
-            out += [f"--{role}-selector"] + [f"{k}={v}" for k, v in _pool_labels(plan, role).items()]
+        for role in pools:   # the leaders only: an instance's other pods run headless, no API
+            out += [f"--{role}-selector"] + [f"{k}={v}" for k, v in _pool_labels(plan, role).items()] + [LEADER]
         return out
     return argv_of
 

@@ -194,6 +194,18 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class Dial:
+    """A TCP connection the deployment opens from one host to another: `src` dials `address:port` on `dst`
+    (what: whose port it is, for people)."""
+
+    src: str
+    dst: str
+    address: str
+    port: int
+    what: str
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     deployment: str
     layout: str
@@ -201,6 +213,7 @@ class LaunchPlan:
     endpoint: Endpoint
     verifiers: tuple[str, ...] = ()   # rdma: NCCL crosses hosts over the rails; kv_engines: one KV cache per DP rank
     notes: tuple[str, ...] = field(default=())
+    dials: tuple[Dial, ...] = ()      # the connections between hosts that must get through (preflight tries them)
 
     def services(self) -> list[Service]:
         return [s for st in self.stages for s in st.services]

@@ -50,10 +50,28 @@ def ib_hca_device(setting: str) -> str:
     return setting.lstrip("=^").split(",")[0].split(":")[0]
 
 
-# --all2all-backend values vLLM accepts (vllm/config/parallel.py, v0.30); "" leaves vLLM's default.
-ALL2ALL_BACKENDS = ("naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "mori", "nixl_ep",
-                    "allgather_reducescatter", "flashinfer_all2allv", "flashinfer_nvlink_two_sided",
-                    "flashinfer_nvlink_one_sided")
+# --all2all-backend values the pinned image's vLLM accepts (v0.30.0: ParallelConfig's All2AllBackend in
+# vllm/config/parallel.py; its parser refuses any other, `mori` too); "" leaves vLLM's default.
+ALL2ALL_BACKENDS = ("naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
+                    "mori_high_throughput", "mori_low_latency", "nixl_ep", "allgather_reducescatter",
+                    "flashinfer_all2allv", "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided")
+# accepted, then replaced: "The '%s' all2all backend has been removed. Falling back to 'allgather_reducescatter'."
+# (ParallelConfig, a warning in the engine's log and nothing else)
+ALL2ALL_REMOVED = ("naive", "pplx")
+
+
+def all2all_problem(backend: str) -> str | None:
+    """Why vLLM would refuse this --all2all-backend, or None."""
+    if backend and backend not in ALL2ALL_BACKENDS:
+        return f"not an --all2all-backend vLLM 0.30 knows ({', '.join(ALL2ALL_BACKENDS)})"
+    return None
+
+
+def all2all_notes(backends) -> tuple[str, ...]:
+    """A note per removed backend asked for: vLLM runs another one without failing."""
+    return tuple(f"vllm_all2all_backend = {b!r}: removed in vLLM 0.30, which runs allgather_reducescatter "
+                 f"instead (its log: \"The '{b}' all2all backend has been removed\"); set that, or leave it empty"
+                 for b in dict.fromkeys(backends) if b in ALL2ALL_REMOVED)
 
 # (flag, field, how): value = passed when set; json = compact JSON; switch = the bare flag when true;
 # unless1/unless0 = passed only when not vLLM's default.
@@ -172,7 +190,10 @@ def serve_command(cfg: VllmConfig, group_args: list[Value] = (), headless: bool 
     args: list[Value] = ["vllm", "serve", MODEL_DIR, "--served-model-name", cfg.served_model_name,
                          "--host", cfg.bind, "--port", PORT]
     args += list(group_args)
-    args += _flags(cfg, PARALLEL_FLAGS) + _flags(cfg, TUNING_FLAGS)
+    # a headless rank runs no API server: vLLM 0.30 refuses one there ("api_server_count can't be set in
+    # headless mode", vllm/entrypoints/cli/serve.py run_headless)
+    parallel = tuple(f for f in PARALLEL_FLAGS if not (headless and f[0] == "--api-server-count"))
+    args += _flags(cfg, parallel) + _flags(cfg, TUNING_FLAGS)
     args += list(cfg.flags) + list(cfg.extra_args)
     if headless:
         args.append("--headless")

@@ -17,7 +17,13 @@ no network), no usage statistics, VLLM_CPU_OMP_THREADS_BIND=nobind (several rank
 machine's cores; the CPU build's automatic binding refuses two ranks on one NUMA node),
 OMP_NUM_THREADS=1 (every rank of every lab host shares the machine's two cores: with OpenMP's
 default of one thread per core, a TP=2 pair spent 165 ms a token spinning, with one 32 ms) and
-VLLM_CPU_KVCACHE_SPACE=1 (unset, each engine would take a share of the machine's memory).
+VLLM_CPU_KVCACHE_SPACE=1 (unset, each engine would take a share of the machine's memory), and one
+inductor cache for the lab's engines (TORCHINDUCTOR_CACHE_DIR, beside the engine venv): with TP > 1
+the first request compiles vLLM's masked vocabulary lookup (VocabParallelEmbedding, torch.compile
+even under --enforce-eager), 20 s on two cores; in a container's own /tmp every start compiled again.
+Beside it, one `modelinfos` for the lab's engines: without its entry for the model's class, a start
+inspects the class in a process of its own that imports vLLM again (15-18 s before `Resolved
+architecture` on two cores, against 3 s with it), and every freshly made lab host had none.
 Standard library only.
 """
 
@@ -59,7 +65,24 @@ def engine_env():
     env.pop("PYTHONPATH", None)  # the image's site dir (its nvidia.nccl) is not the engine venv's
     for k, v in CPU_DEFAULTS.items():
         env.setdefault(k, v)
+    venv = os.path.dirname(os.path.dirname(real_vllm()))
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(venv, "inductor-cache"))
+    share_modelinfos(env, os.path.join(venv, "modelinfos"))
     return env
+
+
+def share_modelinfos(env, shared):
+    """The engine's cache of what it learnt of a model class (`modelinfos`, keyed by the class's source) is
+    one folder for all the lab's engines: the cache folder the engine will use (a mount the container was
+    given included) gets `modelinfos` as a link to it, unless it has that folder already."""
+    root = os.path.expanduser(env.get("VLLM_CACHE_ROOT") or "") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm")
+    try:
+        os.makedirs(shared, exist_ok=True)
+        os.makedirs(root, exist_ok=True)
+        os.symlink(shared, os.path.join(root, "modelinfos"))
+    except OSError:  # there already, or a folder the engine may not write: it inspects the class itself
+        pass
 
 
 def descendants(pid):

@@ -8,7 +8,7 @@ stand-in module (its log(), tools(), container_config(), ...). Standard library 
   (defaults localhost:5600); it serves its handshake payload (compatibility hash, engine id, block
   size, blocks) and the bytes of the KV blocks it keeps for a finished prefill;
 - a prefill with kv_transfer_params.do_remote_decode keeps the prompt's full blocks (16 tokens) until
-  a decode reads them or VLLM_NIXL_ABORT_REQUEST_TIMEOUT (480 s) passes, and answers with
+  a decode reads them or its lease (kv_connector_extra_config.kv_lease_duration, 30 s) passes, and answers with
   kv_transfer_params as vLLM does (no full block: remote_block_ids [] and nothing kept);
 - a decode with do_remote_prefill connects to remote_host:remote_port, compares the compatibility hash
   (vLLM and connector version, model, dtype, KV heads/size/layers, attention backend, KV cache dtype,
@@ -71,7 +71,7 @@ class Nixl:
         self.backends = extra.get("backends") or ["UCX"]
         self.host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
         base = _int_env("VLLM_NIXL_SIDE_CHANNEL_PORT", 5600)
-        self.timeout = _int_env("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", 480)
+        self.timeout = int(extra.get("kv_lease_duration", 30))   # vLLM 0.32's nixl/base_scheduler.py default
         self.block = args["block-size"]
         self.per_token = V.kv_bytes_per_token(args, model_dir)
         self.layers = self._model_cfg().get("num_hidden_layers") or 78
@@ -124,8 +124,7 @@ class Nixl:
         a = self.args.get("attention-backend")
         if a and a is not True:
             return str(a).upper()
-        if os.environ.get("VLLM_ATTENTION_BACKEND"):
-            return os.environ["VLLM_ATTENTION_BACKEND"].upper()
+        # no VLLM_ATTENTION_BACKEND: vLLM 0.30+ reads it nowhere (the lab's real 0.32 has no reference to it)
         gpus = self.V.visible_gpus()
         return "CUTLASS_MLA" if gpus and "B200" in gpus[0]["name"] else "FLASHMLA"
 
@@ -314,8 +313,9 @@ class Nixl:
             for r, k in gone:
                 ent = self.engines[k["engine"]]
                 self.prom[k["engine"]]["expired"] += 1
-                self.V.log(f"Releasing expired KV blocks for request {r} which were retrieved by 0 decode worker(s) "
-                           f"within {self.timeout} seconds.", "WARNING", where="nixl_connector.py:2269",
+                # vLLM 0.32's words (vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py)
+                self.V.log(f"Releasing expired KV blocks for request {r} which were retrieved by 0 remote worker(s) "
+                           "before lease expired.", "WARNING", where="base_worker.py:3033",
                            who=ent["worker"], pid=ent["wpid"])
 
     # ------------------------------------------------------------ decode side

@@ -13,7 +13,9 @@ $RAILYARD_LAB_HOST_DIR/gpu-held. Standard library only: this runs on the test ho
 
 import hashlib
 import json
+import re
 import shlex
+import shutil
 import os
 import socket
 import subprocess
@@ -1060,7 +1062,6 @@ def _load(name):
 def _remove(name):
     """Take the name away at once, as dockerd does, then the files: a process of the old container
     that still writes into its folder cannot leave a half container behind under the name."""
-    import shutil
     gone = os.path.join(HOST_DIR, "docker", "removed", f"{name}.{os.getpid()}.{time.time_ns()}")
     os.makedirs(os.path.dirname(gone), exist_ok=True)
     try:
@@ -1298,11 +1299,33 @@ def _run(args):
     os.replace(os.path.join(_cdir(name), "config.json.new"), os.path.join(_cdir(name), "config.json"))
     with open(os.path.join(_cdir(name), "gpus.json"), "w") as f:  # what the container's CUDA sees, in order
         json.dump(given, f)
+    missing = next((p for p in (d.split(":", 1)[0] for d in opts["devices"]) if not _device_exists(p)), None)
+    if missing:  # the container is made, its start fails: it stays Created, under its name (unless --rm)
+        if opts["rm"]:
+            _remove(name)
+        print(f'docker: Error response from daemon: error gathering device information while adding custom device '
+              f'"{missing}": no such file or directory.', file=sys.stderr)
+        if not opts["detach"]:
+            print("ERRO[0000] error waiting for container: context canceled", file=sys.stderr)
+        return 125
     _start(name)
     if opts["detach"]:
         print(cid)
         return 0
     return _wait_exit(name)
+
+
+def _device_exists(path):
+    """A --device path on this host: /dev/infiniband where the host has RDMA devices and ib_uverbs is loaded
+    (the lab makes their files in the container's view only: a lab host cannot have them), any other path as
+    the host has it."""
+    if _is_rdma_dir(path) or path.startswith("/dev/infiniband/"):
+        return bool(_hcas()) and not _state("no-uverbs")
+    return os.path.exists(path)
+
+
+def _is_rdma_dir(path):
+    return path.rstrip("/") == "/dev/infiniband"
 
 
 def _ulimit(u):
@@ -1406,11 +1429,16 @@ def _private_tmp(name, argv):
     steps += ["mkdir -p /run/.hostdev", "mount --rbind /dev /run/.hostdev", "mount -t tmpfs -o mode=755 railyard-dev /dev"]
     for node in ("null", "zero", "full", "random", "urandom", "tty"):
         steps.append(f"touch /dev/{node} && mount --bind /run/.hostdev/{node} /dev/{node}")
-    steps += ["mkdir -p /dev/pts /dev/shm", "mount --rbind /run/.hostdev/pts /dev/pts",
-              "mount --rbind /run/.hostdev/shm /dev/shm", "ln -s /proc/self/fd /dev/fd"]
+    steps += ["mkdir -p /dev/pts /dev/shm", "mount --rbind /run/.hostdev/pts /dev/pts", "ln -s /proc/self/fd /dev/fd"]
+    if cfg["HostConfig"]["IpcMode"] == "host":   # the host's /dev/shm (docker ignores --shm-size then)
+        steps.append("mount --rbind /run/.hostdev/shm /dev/shm")
+    else:                                        # its own, of --shm-size (docker's default 64 MB)
+        steps.append(f"mount -t tmpfs -o size={shlex.quote(_shm_bytes(cfg['HostConfig']['ShmSize']))} shm /dev/shm")
+    if cfg["HostConfig"]["NetworkMode"] != "host":
+        steps.append("ip link set lo up")
     for d in cfg["HostConfig"]["Devices"]:
         dev = d["PathInContainer"]
-        if dev.rstrip("/") == "/dev/infiniband":
+        if _is_rdma_dir(dev):
             steps.append("mkdir -p /dev/infiniband && touch /dev/infiniband/uverbs0 /dev/infiniband/uverbs1 "
                          "/dev/infiniband/rdma_cm")
         elif dev.startswith("/dev/"):
@@ -1418,7 +1446,23 @@ def _private_tmp(name, argv):
                          f"mount --bind /run/.hostdev/{shlex.quote(dev[5:])} {shlex.quote(dev)} || true")
     steps.append("umount -l /run/.hostdev && rmdir /run/.hostdev")
     script = " && ".join(steps) + ' && exec "$@"'
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, tmp] + argv
+    return ["unshare", "-m", *_namespaces(cfg), "--propagation", "private", "sh", "-c", script, tmp] + argv
+
+
+def _namespaces(cfg):
+    """The namespaces a container has of its own besides its mounts: IPC unless --ipc host, network unless
+    --network host (loopback only: the lab has no docker bridge, so nothing reaches its ports and it reaches
+    no other host)."""
+    hc = cfg["HostConfig"]
+    return (["-i"] if hc["IpcMode"] != "host" else []) + (["-n"] if hc["NetworkMode"] != "host" else [])
+
+
+def _shm_bytes(size):
+    """docker's --shm-size (a number with an optional b, k, m or g; default 64m) in bytes."""
+    m = re.fullmatch(r"(\d+)([bkmg]?)", (size or "64m").lower())
+    if not m:
+        return str(64 << 20)
+    return str(int(m.group(1)) << {"": 0, "b": 0, "k": 10, "m": 20, "g": 30}[m.group(2)])
 
 
 def _apply_limits(limits):
@@ -1610,7 +1654,9 @@ def _ago(stamp):
 
 
 def _ps(args):
+    args = [x for a in args for x in ([f"-{c}" for c in a[1:]] if re.fullmatch(r"-[aq]{2,}", a) else [a])]  # -aq
     show_all = any(a in ("-a", "--all") for a in args)
+    quiet = any(a in ("-q", "--quiet") for a in args)
     filters = [args[i + 1] for i, a in enumerate(args) if a in ("--filter", "-f") and i + 1 < len(args)]
     fmt, _ = _fmt_args([a for i, a in enumerate(args) if a not in ("--filter",) and (i == 0 or args[i - 1] != "--filter")])
     rows = []
@@ -1626,6 +1672,10 @@ def _ps(args):
         rows.append({"ID": c["Id"][:12], "Image": c["Config"]["Image"], "Names": n, "Status": status,
                      "State": st["Status"], "Command": '"' + " ".join(_argv(c))[:20] + '…"',
                      "CreatedAt": c["Created"], "Ports": ""})
+    if quiet and not fmt:   # the ids only, no header (docker ps -q)
+        for r in rows:
+            print(r["ID"])
+        return 0
     if fmt:
         for r in rows:
             print(_render(fmt, r))
@@ -1714,13 +1764,15 @@ def _exec(args):
         _apply_limits(limits)
 
     argv = args[i + 1:]
-    try:
-        return subprocess.run(_private_tmp(c["Name"].lstrip("/"), argv), env=_container_env(c), preexec_fn=child_setup,
-                              cwd=os.path.join(_cdir(c["Name"].lstrip("/")), "rootfs")).returncode
-    except FileNotFoundError:
+    env = _container_env(c)
+    if not shutil.which(argv[0], path=env.get("PATH")):
         print(f"OCI runtime exec failed: exec failed: unable to start container process: exec: \"{argv[0]}\": "
               "executable file not found in $PATH: unknown", file=sys.stderr)
         return 126
+    # into the running container's own namespaces (its mounts: /tmp, /dev/shm, /model; its IPC and network),
+    # in its working directory
+    joined = ["nsenter", "-t", str(int(c["State"]["Pid"])), "-m", *_namespaces(c), "--wd", "--"] + argv
+    return subprocess.run(joined, env=env, preexec_fn=child_setup).returncode
 
 
 def _stop(args):

@@ -4,6 +4,8 @@
     hosts(inv) -> list[Host]             the hosts it runs on
     needs(inv) -> (facts, GPUs per host) what railyard.serving.hostfacts must gather
     plan(inv, facts, order) -> LaunchPlan   pure; golden-tested
+    dials(inv) -> list[Dial]             the TCP connections between its hosts (no facts needed: preflight
+                                         tries them before anything is gathered; plan() carries them too)
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Protocol
 from ...errors import InventoryError, Problem
 from ...inventory import LAYOUTS, Host, Inventory
 from ..hostfacts import HostFacts
-from ..spec import LaunchPlan
+from ..spec import Dial, LaunchPlan
 
 
 class Layout(Protocol):
@@ -26,6 +28,8 @@ class Layout(Protocol):
     def needs(self, inv: Inventory) -> tuple[set[str], int]: ...
 
     def plan(self, inv: Inventory, facts: dict[str, HostFacts], order: str | None = None) -> LaunchPlan: ...
+
+    def dials(self, inv: Inventory) -> list[Dial]: ...
 
 
 __all__ = ["LAYOUTS", "Layout", "get", "validated"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...errors import Problem
 from ...inventory import Host, Inventory, origin_of
 from ..hostfacts import HostFacts, on_host
-from ..spec import (GID_INDEX, GROUP_SIZE, HEAD_ADDR, NODE_ADDR, NODE_RANK, ContainerSpec, Endpoint, Gate,
+from ..spec import (GID_INDEX, GROUP_SIZE, HEAD_ADDR, NODE_ADDR, NODE_RANK, ContainerSpec, Dial, Endpoint, Gate,
                     GpuRequest, LaunchPlan, Mount, RdmaRequest, Secret, Service, Stage)
 from ..vllm import API_KEY_TARGET, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, serve_command
 
@@ -54,7 +54,13 @@ class MultinodeTP:
         endpoint = Endpoint(services[head.name].name, head.name, cfg.bind, cfg.port, key, cfg.served_model_name)
         return LaunchPlan(deployment=cfg.container, layout=self.name,
                           stages=tuple(Stage((services[h.name],)) for h in hosts),
-                          endpoint=endpoint, verifiers=("rdma",))
+                          endpoint=endpoint, verifiers=("rdma",), dials=tuple(self.dials(inv)))
+
+    def dials(self, inv: Inventory) -> list[Dial]:
+        """Each worker joins the head's torch.distributed store at --master-addr:--master-port."""
+        head = inv.head
+        port = int(head.vars["vllm_master_port"])
+        return [Dial(w.name, head.name, head.serve_rail.ip, port, "the head's master port") for w in inv.workers]
 
     def _service(self, inv: Inventory, h: Host, f: HostFacts) -> Service:
         cfg = VllmConfig.from_vars(h.vars)

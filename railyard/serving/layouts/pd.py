@@ -33,9 +33,9 @@ from dataclasses import dataclass, replace
 from ...errors import Problem
 from ...inventory import IMAGE_RE, Host, Inventory, origin_of
 from ..hostfacts import HostFacts, on_host
-from ..spec import HEAD_ADDR, ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest, Service, \
+from ..spec import HEAD_ADDR, ContainerSpec, Dial, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest, Service, \
     Stage, is_loopback
-from ..vllm import ALL2ALL_BACKENDS, KV_LINE, NCCL_SO_SETUP, NO_EXPANDABLE_SEGMENTS, READY_LINE, VllmConfig, \
+from ..vllm import KV_LINE, NCCL_SO_SETUP, NO_EXPANDABLE_SEGMENTS, READY_LINE, VllmConfig, all2all_notes, all2all_problem, \
     nccl_env, serve_command, service_env_path
 
 POOLS = ("prefill", "decode")
@@ -85,11 +85,23 @@ def pool_vars(h: Host) -> PoolVars:
 
 
 def _attention_backend(v: dict) -> str:
+    """The --attention-backend the instance is given ("": vLLM picks one for the GPU). vLLM 0.30 reads no
+    VLLM_ATTENTION_BACKEND any more: the engine uses what the flag says, and that is what the handshake compares."""
     args = [str(a) for a in list(v["vllm_flags"]) + list(v["vllm_extra_args"])]
-    for i, a in enumerate(args):
-        if a.startswith("--attention-backend"):
-            return a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
-    return str(v["vllm_extra_env"].get("VLLM_ATTENTION_BACKEND", ""))
+    found = ""
+    for i, a in enumerate(args):   # the last one given wins, as in vLLM's parser
+        if a == "--attention-backend" and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith("--attention-backend="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def _ignored_env_notes(hosts: list[Host]) -> tuple[str, ...]:
+    if any("VLLM_ATTENTION_BACKEND" in pool_vars(h).values["vllm_extra_env"] for h in hosts):
+        return ("vllm_extra_env sets VLLM_ATTENTION_BACKEND, which vLLM 0.30 no longer reads (the engine picks "
+                "the backend for its GPU): give --attention-backend in vllm_extra_args instead",)
+    return ()
 
 
 def compared(v: dict) -> dict:
@@ -100,7 +112,7 @@ def compared(v: dict) -> dict:
 
 
 def _origin_key(key: str) -> str:
-    return {"attention_backend": "vllm_extra_env", "speculative_method": "vllm_speculative_config"}.get(key, key)
+    return {"attention_backend": "vllm_extra_args", "speculative_method": "vllm_speculative_config"}.get(key, key)
 
 
 class Pd:
@@ -178,6 +190,14 @@ class Pd:
                                        f"{what} differs from prefill host {ref.name} ({ref_vals[key]!r}): the NIXL "
                                        "handshake between prefill and decode would refuse with a compatibility hash "
                                        "mismatch; make them equal"))
+            gpu, ref_gpu = pv.values["cluster_gpu_name"], pool_vars(ref).values["cluster_gpu_name"]
+            if gpu != ref_gpu and not compared(pv.values)["attention_backend"] and not ref_vals["attention_backend"]:
+                file_, where = pv.origin("cluster_gpu_name")
+                out.append(Problem(file_, where, gpu,
+                                   f"another GPU than prefill host {ref.name} ({ref_gpu!r}) and no --attention-backend "
+                                   "in either: vLLM picks the attention backend per GPU, and the NIXL handshake "
+                                   "compares it (a compatibility hash mismatch); set the same --attention-backend in "
+                                   "both pools' vllm_extra_args"))
         return out
 
     def _host_checks(self, h: Host) -> list[Problem]:
@@ -210,9 +230,8 @@ class Pd:
                                             f"{cfg.pipeline_parallel_size} x data {local}{over} = "
                                             f"{n * cfg.world_size // span} GPUs on {h.name}; the host gives "
                                             f"cluster_gpus_per_host: {v['cluster_gpus_per_host']}")
-        if cfg.all2all_backend and cfg.all2all_backend not in ALL2ALL_BACKENDS:
-            bad("vllm_all2all_backend", cfg.all2all_backend,
-                f"not an --all2all-backend vLLM knows ({', '.join(ALL2ALL_BACKENDS)})")
+        if why := all2all_problem(cfg.all2all_backend):
+            bad("vllm_all2all_backend", cfg.all2all_backend, why)
         last = cfg.port + n - 1
         side = v["pd_side_channel_port"]
         side_last = side + n * cfg.data_parallel_size - 1
@@ -247,11 +266,11 @@ class Pd:
                                                 f"({', '.join(h.name for h in hosts)}): not whole instances of {span}")]
         return []
 
-    def plan(self, inv: Inventory, facts: dict[str, HostFacts], order: str | None = None) -> LaunchPlan:
-        head = inv.head
-        dep = head.vars["vllm_container"]
-        instances: list[Service] = []
-        headless: list[Service] = []
+    def placements(self, inv: Inventory) -> list[tuple[Host, str, int, int, int, Host | None]]:
+        """Where each instance (or each node of one over several hosts) runs, in plan order:
+        (host, pool, k: its index on the host, number: its index in the pool, node, the instance's first host
+        when it spans hosts, else None)."""
+        out: list[tuple[Host, str, int, int, int, Host | None]] = []
         numbers = {p: 0 for p in POOLS}
         taken: set[str] = set()
         for h in self.hosts(inv):
@@ -264,22 +283,57 @@ class Pd:
                 hosts = self.pool(inv, pool)
                 group = hosts[hosts.index(h):hosts.index(h) + span]
                 taken.update(x.name for x in group)
-                ranks = [self._instance(inv, x, facts[x.name], pool, 0, numbers[pool], dep, node, group[0])
-                         for node, x in enumerate(group)]
-                instances.append(ranks[0])
-                headless += ranks[1:]
+                out += [(x, pool, 0, numbers[pool], node, group[0]) for node, x in enumerate(group)]
                 numbers[pool] += 1
                 continue
             for k in range(int(v["pd_instances_per_host"])):
-                instances.append(self._instance(inv, h, facts[h.name], pool, k, numbers[pool], dep))
+                out.append((h, pool, k, numbers[pool], 0, None))
                 numbers[pool] += 1
+        return out
+
+    def dials(self, inv: Inventory) -> list[Dial]:
+        """The decode hosts fetch each prefill rank's NIXL metadata at its side channel (VLLM_NIXL_SIDE_CHANNEL_HOST,
+        the port + the rank's DP index); the proxy host calls every instance's API; the other nodes of an
+        instance over several hosts join its first at --data-parallel-address:--data-parallel-rpc-port. The KV
+        itself moves over UCX on ports it picks at run time: no port to try there."""
+        places = self.placements(inv)
+        decode_hosts = list(dict.fromkeys(h.name for h, pool, *_ in places if pool == "decode"))
+        proxy = self.proxy_host(inv)
+        out: list[Dial] = []
+        for h, pool, k, number, node, first in places:
+            v = pool_vars(h).values
+            cfg = VllmConfig.from_vars(v)
+            name = f"{pool}-{number}" + (f"-node{node}" if node else "")
+            ip = h.serve_rail.ip
+            if node:
+                out.append(Dial(h.name, first.name, first.serve_rail.ip, int(v["pd_dp_rpc_port"]),
+                                f"{pool}-{number}'s DP RPC port"))
+            elif proxy is not None:
+                out.append(Dial(proxy.name, h.name, ip, cfg.port + k, f"{name}'s API"))
+            if pool == "prefill":
+                local = cfg.data_parallel_size // (int(v["pd_hosts_per_instance"]) if first else 1)
+                base = int(v["pd_side_channel_port"]) + k * cfg.data_parallel_size + node * local
+                out += [Dial(d, h.name, ip, base + i, f"{name}'s NIXL side channel, DP rank {node * local + i}")
+                        for d in decode_hosts for i in range(local)]
+        return [d for d in out if d.src != d.dst]
+
+    def plan(self, inv: Inventory, facts: dict[str, HostFacts], order: str | None = None) -> LaunchPlan:
+        head = inv.head
+        dep = head.vars["vllm_container"]
+        instances: list[Service] = []
+        headless: list[Service] = []
+        for h, pool, k, number, node, first in self.placements(inv):
+            svc = self._instance(inv, h, facts[h.name], pool, k, number, dep, node, first)
+            (headless if node else instances).append(svc)
         proxy = self._proxy(inv, facts, instances, dep)
         first = (Stage(tuple(headless)),) if headless else ()
         return LaunchPlan(deployment=dep, layout=self.name,
                           stages=first + (Stage(tuple(instances), wait="ready"), Stage((proxy,), wait="ready")),
                           endpoint=Endpoint(proxy.name, proxy.host, proxy.spec.bind, proxy.spec.ports[0], "",
                                             head.vars["model_repo"]),
-                          verifiers=("pd_path", "nixl"))
+                          verifiers=("pd_path", "nixl"),
+                          notes=all2all_notes(pool_vars(h).values["vllm_all2all_backend"] or "" for h in self.hosts(inv))
+                          + _ignored_env_notes(self.hosts(inv)), dials=tuple(self.dials(inv)))
 
     def _instance(self, inv: Inventory, h: Host, f: HostFacts, pool: str, k: int, number: int, dep: str,
                   node: int = 0, head: Host | None = None) -> Service:
@@ -298,8 +352,10 @@ class Pd:
         if devices == "auto":
             devices = ",".join(f"{r.hca}:1" for r in h.rails.values())
         name = f"{pool}-{number}" + (f"-node{node}" if node else "")
+        lease = int(v["pd_kv_lease_s"])
         kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": ROLE[pool],
-                         **({"kv_buffer_device": v["pd_kv_buffer_device"]} if v["pd_kv_buffer_device"] else {})},
+                         **({"kv_buffer_device": v["pd_kv_buffer_device"]} if v["pd_kv_buffer_device"] else {}),
+                         **({"kv_connector_extra_config": {"kv_lease_duration": lease}} if lease else {})},
                         separators=(",", ":"))
         group_args: list = []
         if span > 1:

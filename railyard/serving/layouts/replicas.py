@@ -22,7 +22,7 @@ from ..litellm import CONFIG_TARGET, LIVE_PATH, MASTER_KEY_TARGET, READY_PATH, B
 from ..lmcache import EVICTION_POLICIES, HEALTH_PATH, TRANSFER_MODES, LmcacheConfig, kv_transfer_config, server_command
 from ..lmcache import READY_LINE as LMCACHE_READY
 from ..lmcache import REGISTERED_LINE
-from ..spec import ContainerSpec, Endpoint, File, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service, Stage, \
+from ..spec import ContainerSpec, Dial, Endpoint, File, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service, Stage, \
     is_loopback
 from ..vllm import READY_LINE, VllmConfig, serve_command, service_env_path
 from .single_node import serve_hosts
@@ -39,6 +39,10 @@ class Replicas:
 
     def hosts(self, inv: Inventory) -> list[Host]:
         return serve_hosts(inv)[:1]
+
+    def dials(self, inv: Inventory) -> list[Dial]:
+        """One host: no connection of the deployment crosses to another."""
+        return []
 
     def needs(self, inv: Inventory) -> tuple[set[str], int]:
         v = self.hosts(inv)[0].vars

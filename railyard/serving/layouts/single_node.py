@@ -15,8 +15,9 @@ from __future__ import annotations
 from ...errors import Problem
 from ...inventory import Host, Inventory, origin_of
 from ..hostfacts import HostFacts, on_host
-from ..spec import ContainerSpec, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service, Stage
-from ..vllm import ALL2ALL_BACKENDS, API_KEY_TARGET, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, serve_command
+from ..spec import ContainerSpec, Dial, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service, Stage
+from ..vllm import API_KEY_TARGET, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, all2all_notes, all2all_problem, \
+    serve_command
 
 SERVE_GROUP = "serve"
 
@@ -42,6 +43,10 @@ class SingleNodeTP:
 
     def hosts(self, inv: Inventory) -> list[Host]:
         return serve_hosts(inv)[:1]
+
+    def dials(self, inv: Inventory) -> list[Dial]:
+        """One host: no connection of the deployment crosses to another."""
+        return []
 
     def needs(self, inv: Inventory) -> tuple[set[str], int]:
         h = self.hosts(inv)[0]
@@ -105,7 +110,7 @@ class SingleNodeTP:
                       expect=(("kv_engines", str(dp)),))
         return LaunchPlan(deployment=cfg.container, layout=self.name, stages=(Stage((svc,), wait="ready"),),
                           endpoint=Endpoint(svc.name, h.name, cfg.bind, cfg.port, key, cfg.served_model_name),
-                          verifiers=("kv_engines",) if dp > 1 else ())
+                          verifiers=("kv_engines",) if dp > 1 else (), notes=all2all_notes([cfg.all2all_backend]))
 
 
 class DpEp(SingleNodeTP):
@@ -119,10 +124,9 @@ class DpEp(SingleNodeTP):
         if cfg.data_parallel_size < 2:
             file_, key = origin_of(h, "vllm_data_parallel_size")
             out.append(Problem(file_, key, cfg.data_parallel_size, "dp_ep needs a data parallel size of at least 2"))
-        if cfg.all2all_backend and cfg.all2all_backend not in ALL2ALL_BACKENDS:
+        if why := all2all_problem(cfg.all2all_backend):
             file_, key = origin_of(h, "vllm_all2all_backend")
-            out.append(Problem(file_, key, cfg.all2all_backend, f"not an --all2all-backend vLLM knows "
-                                                                f"({', '.join(ALL2ALL_BACKENDS)})"))
+            out.append(Problem(file_, key, cfg.all2all_backend, why))
         if cfg.api_server_count > cfg.data_parallel_size:
             file_, key = origin_of(h, "vllm_api_server_count")
             out.append(Problem(file_, key, cfg.api_server_count, "more API servers than DP ranks"))
