@@ -1,5 +1,10 @@
 """Shared fixtures. Lab tests need root, `ip netns` and sshd; CI sets RAILYARD_REQUIRE_LAB=1
-so that a missing prerequisite fails the run instead of skipping the lab tests."""
+so that a missing prerequisite fails the run instead of skipping the lab tests.
+
+Every test has a time limit (pytest-timeout): UNIT_LIMIT_S, LAB_LIMIT_S for the `lab` marker, or the
+test's own `pytest.mark.timeout` (each real-engine module sets one that holds its bring-up). A failed lab
+test's report names the lab host and command it was waiting on and the last lines of the lab logs
+that moved while it ran (tests/evidence.py); the run's end repeats them beside the failed tests."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from . import evidence
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REAL = FIXTURES / "real"
@@ -21,6 +28,61 @@ REAL = FIXTURES / "real"
 
 def real(rel: str) -> str:
     return (REAL / rel).read_text()
+
+
+UNIT_LIMIT_S = 60       # the slowest unit test takes 12 s on this 2-core machine
+LAB_LIMIT_S = 300       # a lab test with a stand-in launch or a fault
+REAL_LIMIT_S = 720      # a test of a real-engine module, the first with the module's bring-up
+KEEP_LAB_ENV = "RAILYARD_TEST_KEEP_LAB"
+_STARTED = pytest.StashKey[float]()
+_FAILURES = pytest.StashKey[list]()
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("timeout", None) is not None:     # `--timeout S` on the command line: S for every test
+        return
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(LAB_LIMIT_S if item.get_closest_marker("lab") else UNIT_LIMIT_S))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    evidence.reset()
+    item.stash[_STARTED] = time.time()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if not report.failed:
+        return report
+    crash = getattr(report.longrepr, "reprcrash", None)
+    why = crash.message.splitlines()[:3] if crash else str(report.longrepr).splitlines()[-3:]
+    lines: list[str] = []
+    if item.get_closest_marker("lab"):
+        from railyard import lab
+        wait = evidence.cut_wait()
+        root = lab.lab_dir()
+        tails = evidence.log_tails(root, item.stash.get(_STARTED, 0.0), evidence.cut_host()) if root.exists() else []
+        lines = ([f"cut while {wait}"] if wait else []) + (tails or ["(no lab log written during the test)"])
+        report.sections.append((f"lab ({report.when})", "\n".join(lines)))
+    item.config.stash.setdefault(_FAILURES, []).append((f"{item.nodeid} ({report.when})", why, lines))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """At the run's end, before pytest's one-line summary: each failed test, its assertion whole, and for a
+    lab test the wait it was cut in and the two newest lab logs."""
+    failures = config.stash.get(_FAILURES, [])
+    if not failures:
+        return
+    terminalreporter.section("why the failed tests failed")
+    for name, why, lines in failures:
+        terminalreporter.write_line(name)
+        for ln in why + lines[:1 + 2 * (evidence.TAIL_LINES + 1)]:
+            terminalreporter.write_line("  " + ln[:300])
 
 
 def _lab_possible() -> str | None:
@@ -74,14 +136,19 @@ def hgx8_inventory(lab_inventory) -> Path:
 @contextlib.contextmanager
 def real_lab(layout: str):
     """The lab as `inv lab.up --layout LAYOUT` makes it, serving with the real vLLM (its CPU build), the
-    lab checkpoint on every host; afterwards every container removed and the stand-in station lab back."""
+    lab checkpoint on every host; afterwards every container removed and the stand-in station lab back.
+    With RAILYARD_TEST_KEEP_LAB=1 (the inner loop: one module again and again) a lab already serving this
+    layout on the real engine is taken as it is, the module's launch finds it running, and it is left up."""
     _need_lab()
     from railyard import lab
     from railyard.lab import faults
     from railyard.lab.checkpoint import write_checkpoint
+    keep = os.environ.get(KEEP_LAB_ENV) == "1"
+    root = lab.lab_dir()
+    reuse = keep and lab.lab_engine(root) == "vllm" and lab.lab_layout(root) == layout
     path = lab.up(log=lambda *_: None, engine="vllm", layout=layout)
     faults.heal()
-    for h in lab.hosts_of(lab.lab_dir()):   # a bring-up of its own: nothing an earlier one left
+    for h in [] if reuse else lab.hosts_of(root):   # a bring-up of its own: nothing an earlier one left
         on(h.name, "docker ps -a --format '{{.Names}}' | xargs -r docker rm -f >/dev/null 2>&1; true")
         write_checkpoint(home(h.name) / lab.lab_model_path(layout).removeprefix("~/"), 0.002, 2,
                          kind=lab.model_kind(layout))
@@ -89,10 +156,12 @@ def real_lab(layout: str):
         yield path
     finally:
         faults.heal()
-        for h in lab.hosts_of(lab.lab_dir()):
-            on(h.name, "docker ps -a --format '{{.Names}}' | xargs -r docker rm -f >/dev/null 2>&1; rm -rf ~/models; true")
-        lab.up(2, log=lambda *_: None, engine="stand-in")
-        faults.heal()
+        if not keep:
+            for h in lab.hosts_of(root):
+                on(h.name, "docker ps -a --format '{{.Names}}' | xargs -r docker rm -f >/dev/null 2>&1; "
+                           "rm -rf ~/models; true")
+            lab.up(2, log=lambda *_: None, engine="stand-in")
+            faults.heal()
 
 
 @pytest.fixture
@@ -109,8 +178,9 @@ def on(host: str, *argv: str) -> subprocess.CompletedProcess:
     from railyard import lab
     root = lab.lab_dir()
     line = argv[0] if len(argv) == 1 else shlex.join(argv)
-    return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True, text=True,
-                          timeout=60)
+    with evidence.waiting(host, line):
+        return subprocess.run(lab.ssh_argv(root, lab.lab_host(root, host), [line]), capture_output=True,
+                              text=True, timeout=60)
 
 
 def processes_of(host: str, needle: str) -> list[str]:
@@ -148,8 +218,9 @@ def inv_cmd(*args: str, env: dict | None = None, timeout: float = 120) -> subpro
     full_env = dict(os.environ)
     full_env.pop("RAILYARD_INVENTORY", None)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=full_env, timeout=timeout)
+    with evidence.waiting("-", "inv " + " ".join(args)):
+        return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+                              env=full_env, timeout=timeout)
 
 
 def pd_inventory(lab_path, out, wide=False):
@@ -176,12 +247,13 @@ def pd_inventory(lab_path, out, wide=False):
 def wait_for(check, what, timeout=60.0):
     """check()'s first true result, polled every 0.3 s; fails naming what it waited for."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    with evidence.waiting("-", what):
+        while time.monotonic() < deadline:
+            got = check()
+            if got:
+                return got
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}")
 
 
 @contextlib.contextmanager

@@ -14,9 +14,10 @@ import pytest
 
 from railyard.lab import components, lab_dir, lab_host, ssh_argv
 
-from .conftest import home, inv_cmd, on, processes_of, real_lab
+from .conftest import REAL_LIMIT_S, home, inv_cmd, on, processes_of, real_lab
 
-pytestmark = pytest.mark.lab
+# bin/test's real stage; the module's bring-up counts in its first test's limit (launch's own: 420 s)
+pytestmark = [pytest.mark.lab, pytest.mark.real, pytest.mark.timeout(REAL_LIMIT_S)]
 TP = "vllm-tp8"   # the layout's container name (its reference runs TP=8)
 
 

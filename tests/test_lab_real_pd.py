@@ -10,9 +10,10 @@ import json
 
 import pytest
 
-from .conftest import inv_cmd, on, real_lab
+from .conftest import REAL_LIMIT_S, inv_cmd, on, real_lab
 
-pytestmark = pytest.mark.lab
+# bin/test's real stage; the module's bring-up counts in its first test's limit (launch's own: 420 s)
+pytestmark = [pytest.mark.lab, pytest.mark.real, pytest.mark.timeout(REAL_LIMIT_S)]
 DEP = "vllm-pd"
 
 

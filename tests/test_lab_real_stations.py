@@ -15,10 +15,11 @@ import pytest
 
 from railyard.lab import components
 
-from .conftest import home, inv_cmd, on, processes_of, real_lab
+from .conftest import REAL_LIMIT_S, home, inv_cmd, on, processes_of, real_lab
 from .test_bench import _png_text
 
-pytestmark = pytest.mark.lab
+# bin/test's real stage; the module's bring-up counts in its first test's limit (launch's own: 420 s)
+pytestmark = [pytest.mark.lab, pytest.mark.real, pytest.mark.timeout(REAL_LIMIT_S)]
 NAME = "glm53-full"
 SMALL = ("--isl", "64", "--osl", "16", "--requests", "2", "--warmup", "1")
 

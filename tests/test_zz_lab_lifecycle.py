@@ -7,6 +7,8 @@ import pytest
 
 from railyard import lab
 
+from .conftest import on
+
 pytestmark = pytest.mark.lab
 
 
@@ -27,6 +29,10 @@ def test_resize_then_down_removes_everything(lab_inventory):
     assert {"rylab-A", "rylab-B", "rylab-C"} <= _netns()
     pids = [int(p.read_text()) for p in Path(lab.lab_dir()).glob("hosts/*/*.pid")]
     assert pids
+    # a container in a network namespace of its own (no --network host) goes with its host
+    run = on("C", f"docker run -d --name own --entrypoint sleep {lab.LAB_IMAGE_NAME} 600")
+    assert run.returncode == 0, run.stderr
+    pids.append(int(on("C", "docker inspect -f '{{.State.Pid}}' own").stdout))
     lab.down(log=lambda *_: None)
     assert not any(n.startswith("rylab") for n in _netns()) and _netns() >= ns_before
     assert not any(n.startswith("rylab") for n in _links()) and _links() >= links_before

@@ -306,6 +306,11 @@ class LabHost:
         return self.dir / "sshd_config"
 
     @property
+    def sshd_log(self) -> Path:
+        """sshd's own log (its errors: LogLevel ERROR), where a failed test's report reads its last lines."""
+        return self.dir / "sshd.log"
+
+    @property
     def host_key(self) -> Path:
         return self.dir / "ssh_host_ed25519_key"
 
@@ -334,6 +339,17 @@ def _pid_alive(pid: int | None) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return False
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _all_pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
 def _read_pid(path: Path) -> int | None:
@@ -521,13 +537,15 @@ def down(path: str | None = None, log=print) -> None:
                     os.kill(pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        # sessions and anything else still running inside the host's namespace
+        # sessions and anything else still running inside the host's namespace, and whatever those
+        # sessions started in a network namespace of its own (a container without --network host)
         if _ns_exists(h.ns):
-            pids = sh("ip", "netns", "pids", h.ns, check=False).stdout.split()
-            for p in pids:
+            pids = [int(p) for p in sh("ip", "netns", "pids", h.ns, check=False).stdout.split() if p.isdigit()]
+            sessions = {_session_of(p) for p in pids} - {None, 0, 1, os.getsid(0)}
+            for p in pids + [q for q in _all_pids() if _session_of(q) in sessions]:
                 try:
-                    os.kill(int(p), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
                     pass
             sh("ip", "netns", "del", h.ns, check=False)
         for kind in ["mgmt"] + [name for name, _, _ in h.rails]:
@@ -793,7 +811,7 @@ def _start_sshd(h: LabHost) -> subprocess.Popen | None:
         return None
     write_sshd_config(h)
     return subprocess.Popen(["nsenter", "-t", str(anchor_pid(h)), "-n", "-m", "-u", "--",
-                             "/usr/sbin/sshd", "-f", str(h.sshd_config)],
+                             "/usr/sbin/sshd", "-f", str(h.sshd_config), "-E", str(h.sshd_log)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -804,7 +822,9 @@ def start_sshd(h: LabHost) -> None:
 def _wait_sshd(hosts: list[LabHost], procs: list[subprocess.Popen | None]) -> None:
     for h, p in zip(hosts, procs):
         if p is not None and p.wait(timeout=20) != 0:
-            raise LabError(f"lab: sshd on {h.name} failed to start: {p.stderr.read().decode().strip()}")
+            said = p.stderr.read().decode().strip() or \
+                (h.sshd_log.read_text(errors="replace").strip().splitlines() or [""])[-1]
+            raise LabError(f"lab: sshd on {h.name} failed to start: {said}")
     deadline = time.monotonic() + 15
     for h in hosts:
         while True:
@@ -907,6 +927,11 @@ def lab_layout(root: Path) -> str:
     """The layout the lab's inventory was written for."""
     state = _load_state(root) or {}
     return state.get("layout") or SHAPE_LAYOUT[state.get("shape", DEFAULT_SHAPE)]
+
+
+def lab_engine(root: Path) -> str | None:
+    """What the lab image's `vllm` is (ENGINES), or None where no lab is up."""
+    return (_load_state(root) or {}).get("engine")
 
 
 def check_layout(layout: str, shape: str | None, n: int | None) -> tuple[str, int]:
