@@ -1,14 +1,18 @@
-"""The suite's own guard rails: a test that hangs is cut at its time limit, and a failed lab test's
-report names the lab host and command it was waiting on and the last lines of the lab logs that moved
-while it ran. Run here as a user meets them: pytest on a small test file, with this suite's conftest."""
+"""The suite's own guard rails: a test that hangs is cut at its time limit, a failed lab test's report
+names the lab host and command it was waiting on and the last lines of the lab logs that moved while it
+ran, and bin/test's stages end with their times and stop at the first that fails. Run here as a user
+meets them: pytest on a small test file with this suite's conftest, and bin/test on the unit stage."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+
+import pytest
 
 from . import evidence
 from .conftest import ROOT
@@ -77,3 +81,25 @@ def test_log_tails_take_only_logs_written_during_the_test_and_only_the_waited_on
     assert evidence.log_tails(tmp_path, since) == ["--- B: sshd (last 1 lines)", "    sshd: error: Bind to port 22 failed"]
     assert evidence.log_tails(tmp_path, since, "A") == []
     assert evidence.log_tails(tmp_path, 0, "A") == ["--- A: sshd (last 1 lines)", "    sshd: error: old"]
+
+
+def _bin_test(*args):
+    if os.geteuid() != 0:
+        pytest.skip("bin/test sets up as root")
+    return subprocess.run([str(ROOT / "bin" / "test"), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_one_stage_runs_alone_and_ends_with_its_time():
+    r = _bin_test("unit", "tests/test_time_limits.py", "-k", "log_tails")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    last = r.stdout.splitlines()[-1]
+    assert re.fullmatch(r"bin/test: stage times: unit \d+ s", last), last
+    assert "=== bin/test: stage unit (pytest -m 'not lab')" in r.stdout and "slowest 20 durations" in r.stdout
+
+
+def test_a_failed_stage_stops_the_run_and_says_which_in_its_last_lines():
+    r = _bin_test("unit", "tests/test_time_limits.py", "-k", "no_test_has_this_name")
+    assert r.returncode == 5, r.stdout[-2000:] + r.stderr[-2000:]        # pytest's own: nothing was selected
+    last = r.stdout.splitlines()[-2:]
+    assert last[0].startswith("bin/test: stage unit failed (pytest exit 5); the stages after it did not run.")
+    assert re.fullmatch(r"bin/test: stage times: unit \d+ s FAILED", last[1]), last
