@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ MAX_LOGS = 6            # the most recently written ones
 # what sshd logs for a connection dropped before the key exchange: lab.up's readiness check makes one
 # per start of sshd (it reads the banner and closes), so it says nothing about the test
 _SSHD_NOISE = "kex_exchange_identification: read: Connection reset by peer"
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")     # LMCache's and others' terminal colours
 
 
 @dataclass(frozen=True)
@@ -100,5 +102,5 @@ def log_tails(lab_root: Path, since: float, host: str | None = None) -> list[str
             continue
         if tail:
             out.append(f"--- {label} (last {len(tail)} lines)")
-            out.extend("    " + ln[:240] for ln in tail)
+            out.extend("    " + _COLOUR.sub("", ln)[:240] for ln in tail)
     return out
