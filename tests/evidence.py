@@ -30,7 +30,6 @@ class Wait:
         return f"waiting on {where}: {self.what} ({ended - self.started:.0f} s)"
 
 
-_open: list[Wait] = []
 _cut: Wait | None = None            # the innermost wait an exception left, for this test's report
 _cut_at = 0.0
 
@@ -46,15 +45,12 @@ def waiting(host: str, what: str):
     kept for the test's report."""
     global _cut, _cut_at
     w = Wait(host, what if len(what) <= 160 else what[:157] + "...", time.monotonic())
-    _open.append(w)
     try:
         yield
     except BaseException:
         if _cut is None:
             _cut, _cut_at = w, time.monotonic()
         raise
-    finally:
-        _open.remove(w)
 
 
 def cut_wait() -> str | None:
@@ -87,10 +83,11 @@ def log_tails(lab_root: Path, since: float, host: str | None = None) -> list[str
         for path, is_json in [(hdir / "sshd.log", False)] + [(p, True) for p in
                                                               (hdir / "docker" / "containers").glob("*/log")]:
             try:
-                mtime = path.stat().st_mtime
+                st = path.stat()
             except OSError:
                 continue
-            if mtime >= since and path.stat().st_size:
+            mtime = st.st_mtime
+            if mtime >= since and st.st_size:
                 label = "sshd" if not is_json else f"docker logs {path.parent.name}"
                 found.append((mtime, f"{hdir.name}: {label}", path, is_json))
     out = []
