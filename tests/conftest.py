@@ -35,7 +35,14 @@ LAB_LIMIT_S = 300       # a lab test with a stand-in launch or a fault
 REAL_LIMIT_S = 720      # a test of a real-engine module, the first with the module's bring-up
 KEEP_LAB_ENV = "RAILYARD_TEST_KEEP_LAB"
 _STARTED = pytest.StashKey[float]()
-_FAILURES = pytest.StashKey[list]()
+_FAILURES: list[tuple[str, list[str], list[str]]] = []   # (test and phase, assertion, lab lines)
+
+
+def pytest_configure(config):
+    # pytest-xdist's workers (the unit stage) get COLUMNS=80; railyard's output is read here as a pipe
+    # without COLUMNS gets it (160 wide), as in a run without workers
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COLUMNS", None)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -56,30 +63,34 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    if not report.failed:
-        return report
-    crash = getattr(report.longrepr, "reprcrash", None)
-    why = crash.message.splitlines()[:3] if crash else str(report.longrepr).splitlines()[-3:]
-    lines: list[str] = []
-    if item.get_closest_marker("lab"):
+    if report.failed and item.get_closest_marker("lab"):
         from railyard import lab
         wait = evidence.cut_wait()
         root = lab.lab_dir()
         tails = evidence.log_tails(root, item.stash.get(_STARTED, 0.0), evidence.cut_host()) if root.exists() else []
         lines = ([f"cut while {wait}"] if wait else []) + (tails or ["(no lab log written during the test)"])
         report.sections.append((f"lab ({report.when})", "\n".join(lines)))
-    item.config.stash.setdefault(_FAILURES, []).append((f"{item.nodeid} ({report.when})", why, lines))
     return report
+
+
+def pytest_runtest_logreport(report):
+    """Each failed report, as the process that prints the summary receives it (the unit stage runs in
+    pytest-xdist's workers, whose reports reach the controller serialised: longrepr and sections only)."""
+    if not report.failed:
+        return
+    crash = getattr(report.longrepr, "reprcrash", None)
+    why = crash.message.splitlines()[:3] if crash else str(report.longrepr).splitlines()[-3:]
+    lines = next((text.splitlines() for name, text in report.sections if name.startswith("lab (")), [])
+    _FAILURES.append((f"{report.nodeid} ({report.when})", why, lines))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """At the run's end, before pytest's one-line summary: each failed test, its assertion whole, and for a
     lab test the wait it was cut in and the two newest lab logs."""
-    failures = config.stash.get(_FAILURES, [])
-    if not failures:
+    if not _FAILURES:
         return
     terminalreporter.section("why the failed tests failed")
-    for name, why, lines in failures:
+    for name, why, lines in _FAILURES:
         terminalreporter.write_line(name)
         for ln in why + lines[:1 + 2 * (evidence.TAIL_LINES + 1)]:
             terminalreporter.write_line("  " + ln[:300])

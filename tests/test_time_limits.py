@@ -70,6 +70,20 @@ def test_a_hung_lab_test_is_cut_at_its_limit_naming_the_host_and_command_it_wait
     assert "cut while" not in second and "vllm-r0" not in second
 
 
+def test_the_unit_stages_workers_report_their_failures_in_the_runs_last_lines(tmp_path):
+    """The unit stage runs in pytest-xdist's workers: a failure there reaches the summary all the same."""
+    (tmp_path / "test_inner.py").write_text(
+        "import time\ndef test_passes():\n    pass\n\n"
+        "def test_slow_then_wrong():\n    time.sleep(0.5)\n    assert 'plan' == 'engine', 'the figures differ'\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                        "--rootdir", str(tmp_path), "-n", "2", str(tmp_path / "test_inner.py")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "1 failed, 1 passed" in r.stdout, r.stdout[-2000:]
+    tail = r.stdout[r.stdout.index("why the failed tests failed"):]
+    assert "test_inner.py::test_slow_then_wrong (call)\n  AssertionError: the figures differ\n" in tail, tail
+    assert "test_passes" not in tail.split("short test summary info")[0]
+
+
 def test_log_tails_take_only_logs_written_during_the_test_and_only_the_waited_on_hosts(tmp_path):
     for host, text in (("A", "sshd: error: old"), ("B", "sshd: error: Bind to port 22 failed")):
         d = tmp_path / "hosts" / host
