@@ -6,9 +6,9 @@ One node per host of the plan (`--nodes`, one task per node, `--exclusive`, `--g
 the head on node 0: the first host of `$SLURM_JOB_NODELIST`, where the batch script runs. The
 stages start in the plan's order (workers first), each service as its own job step that runs
 `inv launch`'s `docker run` and holds the container, removing it when the step ends (scancel, a
-failed gate, the job's time limit). Every gate of the plan runs on the service's node: running
-for its seconds, its log line, a KV line from every engine core, its HTTP paths; the head's
-readiness is the script's last gate.
+failed gate, the job's time limit). Every gate of the plan runs on the service's node, a stage's
+gates at once: running for its seconds, its log line, a KV line from every engine core, its HTTP
+paths; the head's readiness is the script's last gate.
 
 What the plan leaves symbolic is found on the node when its step starts, as `inv env` finds it
 over SSH: the rank is the node's place in `$SLURM_JOB_NODELIST` (the job-wide `$SLURM_NODEID`; a step on
@@ -272,11 +272,19 @@ def render(plan: LaunchPlan, inv: Inventory) -> str:
             out.append(f"echo \"railyard: starting {svc.name} on {where(svc.host)}\" >&2")
             out.append(f"step {place(svc.host)} run {q(svc.name)} {head} &")
             out.append("STEPS+=($!)")
+        gates = []
         for svc in stage.services:
             _, k, head_node = next(x for x in starts if x[0] is svc)
             head = f'"${heads[head_node]}"' if head_node in heads else '""'
-            out.append(f"step {place(svc.host)} gate {q(svc.name)} {head} || {{ echo \"railyard: {svc.name} failed its "
-                       "gates\" >&2; exit 1; }")
+            gates.append((svc.name, f"step {place(svc.host)} gate {q(svc.name)} {head}"))
+        failed = '|| { echo "railyard: %s failed its gates" >&2; exit 1; }'
+        if len(gates) == 1:
+            out.append(f"{gates[0][1]} {failed % gates[0][0]}")
+            continue
+        for i, (_, line) in enumerate(gates):  # a stage's gates at once, as inv launch waits on them
+            out.append(f"{line} &")
+            out.append(f"GATE{i}=$!")
+        out += [f'wait "$GATE{i}" {failed % name}' for i, (name, _) in enumerate(gates)]
     out += ["", f"echo \"railyard: {plan.deployment} is ready: {ep.service} on {where(ep.host)}, "
             f"port {ep.port}\" >&2",
             'wait -n "${STEPS[@]}" || true', 'echo "railyard: a service stopped; ending the job" >&2', "exit 1", ""]
