@@ -73,6 +73,11 @@ def _json_log_tail(path: Path, n: int) -> list[str]:
     return lines
 
 
+# a file's mtime comes from the kernel's coarse clock, up to a tick (4 ms at HZ=250) behind time.time(): a log
+# written in a test's first milliseconds can carry an mtime before the test's start
+MTIME_SLACK_S = 0.05
+
+
 def log_tails(lab_root: Path, since: float, host: str | None = None) -> list[str]:
     """The last lines of every lab host log written since `since` (epoch seconds), newest first; only
     `host`'s when the failure was a wait on it."""
@@ -87,7 +92,7 @@ def log_tails(lab_root: Path, since: float, host: str | None = None) -> list[str
             except OSError:
                 continue
             mtime = st.st_mtime
-            if mtime >= since and st.st_size:
+            if mtime >= since - MTIME_SLACK_S and st.st_size:
                 label = "sshd" if not is_json else f"docker logs {path.parent.name}"
                 found.append((mtime, f"{hdir.name}: {label}", path, is_json))
     out = []

@@ -112,6 +112,9 @@ def test_other_seed_keys_miss_only_where_the_keys_take_the_seed(lmc):
     vLLM's own block hashes, not LMCache's keys. RAILYARD_LAB_LMCACHE_SEEDED_KEYS=1 makes the keys
     depend on it (salted with vLLM's root hash), as the LMCache docs' warning describes."""
     u = uuids()
+    if on("A", "curl -sf 127.0.0.1:8001/health").returncode != 0:  # run alone: no replica of seed 0 yet
+        replica("r0", f'"device={u[0]},{u[1]}"', 8001, "-e PYTHONHASHSEED=0")
+    ask(8001)  # the prompt in LMCache, stored by a replica of seed 0 (again: a hit in its own cache)
     out = replica("r2", f'"device={u[4]},{u[5]}"', 8003, "-e RAILYARD_LAB_LMCACHE_SEEDED_KEYS=1")
     assert "PYTHONHASHSEED is not set. This will lead to non-reproducible block-hashes" in out
     ask(8003)
