@@ -393,8 +393,8 @@ def _nixl_verdicts(verdicts: list, json_out: bool) -> int:
     return report.exit_code
 
 
-def _health_once(inv, json_out: bool, indent: int | None = 2, cache_proof: int = 0) -> int:
-    from rich.table import Table
+def _health_look(inv, cache_proof: int = 0):
+    """One look: (plan, ranks, probes, metrics, report)."""
     from . import replicas
     from .errors import UsageError
     from .verify import health as run
@@ -410,10 +410,18 @@ def _health_once(inv, json_out: bool, indent: int | None = 2, cache_proof: int =
         return None
 
     plan, ranks, probes, metrics = run(inv, probes_for)
-    report = health_report(ranks, probes, metrics, plan.endpoint.host)
-    ok = report.ok
+    return plan, ranks, probes, metrics, health_report(ranks, probes, metrics, plan.endpoint.host)
+
+
+def _health_once(inv, json_out: bool, indent: int | None = 2, cache_proof: int = 0) -> int:
+    plan, ranks, probes, metrics, report = _health_look(inv, cache_proof)
     if json_out:
         return report.print_json(indent)
+    return _health_view(plan, ranks, probes, metrics, report)
+
+
+def _health_view(plan, ranks, probes, metrics, report) -> int:
+    ok = report.ok
     con = console()
     t = Table(title="health: ranks", title_justify="left")
     for c in ("rank", "host", "service", "container", "uptime", "GPU memory", "serving process", "problems"):
@@ -454,10 +462,26 @@ def health(inventory: str | None = None, json_out: bool = False, watch: float | 
     if watch < 1:
         from .errors import UsageError
         raise UsageError(f"--watch {watch}: at least 1 second")
-    while True:  # a live view, redrawn every WATCH seconds until Ctrl-C (exit 130)
-        if not json_out:
-            console().clear()
-        _health_once(inv, json_out, indent=None)  # --json: one document per round, one line each
+    seen: dict | None = None
+    while True:  # a look every WATCH seconds until Ctrl-C (exit 130); only what changed is printed
+        plan, ranks, probes, metrics, report = _health_look(inv)
+        now = {(c.host, c.check): c for c in report.checks}
+        if seen is None and json_out:
+            report.print_json(None)
+        elif seen is None:
+            _health_view(plan, ranks, probes, metrics, report)
+        elif {k: c.status for k, c in now.items()} != {k: c.status for k, c in seen.items()}:
+            if json_out:  # one document per change, one line each (for a pager)
+                report.print_json(None)
+            else:
+                stamp = _time.strftime("%H:%M:%S")
+                for k in sorted(set(now) | set(seen)):
+                    was, got = seen.get(k), now.get(k)
+                    if was is None or got is None or was.status != got.status:
+                        c = got or was
+                        console().print(f"{stamp} {c.host} {c.check}: {was.status if was else '-'} -> "
+                                        f"{got.status if got else 'gone'}: {c.detail}", soft_wrap=True, markup=False)
+        seen = now
         _time.sleep(watch)
 
 

@@ -159,6 +159,10 @@ def health_report(ranks: list, probes: list, metrics: dict, endpoint_host: str) 
         if r.ok:
             checks.append(CheckResult(r.host, "service", PASS, f"{r.service}: {r.state}" + (
                 f", {r.serving_process} on its GPU" if r.serving_process else ""), ev))
+        elif any(x.startswith("hung:") for x in r.reasons):
+            checks.append(CheckResult(r.host, "service", FAIL, f"{r.service}: " + "; ".join(r.reasons), ev,
+                                      f"on {r.host}, ps -o pid,stat,cmd -p PID shows it; kill -CONT PID resumes "
+                                      "what was stopped; otherwise inv stop and inv launch --recreate"))
         else:
             checks.append(CheckResult(r.host, "service", FAIL, f"{r.service}: " + "; ".join(r.reasons), ev,
                                       f"inv logs --rank {r.host} --lines 50 says why; then inv stop and "

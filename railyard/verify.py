@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -300,6 +301,11 @@ def _service_health(s: Session, svc: Service) -> RankHealth:
     serves_on_gpu = svc.spec.gpus.count and svc.expects("gpu_process", "required") == "required"
     if c.running and serves_on_gpu and not procs:
         reasons.append("no serving process on the GPU")
+    stopped = [p for p in procs if usage.states.get(str(p.pid)) in ("T", "t")]
+    if c.running and stopped:  # SIGSTOP, a debugger: alive, holding its GPU, and making no progress
+        p = stopped[0]
+        reasons.append(f"hung: {p.name} (pid {p.pid}) is stopped (state {usage.states[str(p.pid)]} in /proc/{p.pid}/stat)"
+                       + (f", and {len(stopped) - 1} more of its GPU processes" if len(stopped) > 1 else ""))
     holding = {p.gpu_uuid for p in procs}
     idle = [u for u in svc.spec.gpus.uuids if u and u not in holding]
     if c.running and serves_on_gpu and procs and idle:
@@ -337,12 +343,52 @@ def health(inv: Inventory, probes_for=None) -> tuple[LaunchPlan, list[RankHealth
     return plan, ranks, probes, metrics
 
 
+# vLLM's /health answers 200 unless the engine is dead (EngineDeadError), so a wedged engine stays "healthy"
+# (vllm-project/vllm #36451, #39863); its progress shows only in /metrics. A probe that has no answer within
+# HUNG_AFTER_S is judged on the engine's token counters: unchanged over that window (while /health answers)
+# is a hung engine; moved is a busy one, asked again for the rest of CHAT_LIMIT_S
+HUNG_AFTER_S = 20
+CHAT_LIMIT_S = 120
+PROGRESS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+def _counters(s: Session, ep: Endpoint) -> tuple[dict | None, str, float]:
+    """The engine's token counters from /metrics (None when it did not answer), its text, and when."""
+    code, _, text = _curl(s, ep, "/metrics", timeout=10)
+    when = time.time()
+    if code != 200:
+        return None, "", when
+    m = parse_metrics(text)
+    return ({k: m[k] for k in PROGRESS if k in m} or None), text, when
+
+
+def judge_progress(before: dict | None, after: dict | None, reads: tuple[float, float], waited_s: float,
+                   health_ok: bool) -> tuple[str, str]:
+    """(`hung`, `busy` or `unknown`, the evidence) for an engine that gave the probe no token in waited_s:
+    hung only on evidence read twice (both /metrics samples at the times `reads`, the same token
+    counters) while /health answers."""
+    def shown(c):
+        return ", ".join(f"{k.split(':')[1]} {c[k]:,.0f}" for k in PROGRESS if k in c)
+    if before is None or after is None or set(before) != set(after):
+        return "unknown", "its token counters could not be read twice from /metrics"
+    at = " and ".join(time.strftime("%H:%M:%S", time.localtime(t)) for t in reads)
+    if after == before:
+        return ("hung" if health_ok else "unknown",
+                f"no token for the probe in {waited_s:.0f} s and its token counters did not move ({shown(after)} "
+                f"at {at})" + (" while /health answers 200" if health_ok else ""))
+    moved = {k.split(":")[1]: after[k] - before[k] for k in PROGRESS if k in after and after[k] != before[k]}
+    return "busy", (f"no answer in {waited_s:.0f} s, but it made progress between {at} ("
+                    + ", ".join(f"{k} +{v:,.0f}" for k, v in moved.items()) + ")")
+
+
 def _api_probes(s: Session, ep: Endpoint) -> tuple[list[Probe], dict]:
     probes: list[Probe] = []
     metrics: dict = {}
     served = ep.model
+    before, _, t0 = _counters(s, ep)
     code, ms, text = _curl(s, ep, "/health", timeout=10)
-    probes.append(Probe("/health", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms))
+    health_ok = code == 200
+    probes.append(Probe("/health", health_ok, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms))
     code, ms, text = _curl(s, ep, "/v1/models", timeout=10)
     try:
         ids = [m["id"] for m in json.loads(text).get("data", [])] if code == 200 else []
@@ -351,7 +397,16 @@ def _api_probes(s: Session, ep: Endpoint) -> tuple[list[Probe], dict]:
     probes.append(Probe("/v1/models", code == 200 and served in ids,
                         (f"HTTP {code}; serves {', '.join(ids) or 'nothing'}" if code else f"no answer: {text[:120]}")
                         + ("" if served in ids else f" (expected {served})"), ms))
-    code, ms, text = _curl(s, ep, "/v1/chat/completions", CHAT_PROBE | {"model": served}, timeout=120)
+    body = CHAT_PROBE | {"model": served}
+    code, ms, text = _curl(s, ep, "/v1/chat/completions", body, timeout=HUNG_AFTER_S)
+    if code == 0:  # no answer yet: did the engine move at all?
+        after, _, t1 = _counters(s, ep)
+        verdict, evidence = judge_progress(before, after, (t0, t1), ms / 1000, health_ok)
+        if verdict == "busy":
+            code, more, text = _curl(s, ep, "/v1/chat/completions", body, timeout=CHAT_LIMIT_S - HUNG_AFTER_S)
+            ms += more
+        else:
+            probes.append(Probe("progress", False, f"{verdict}: {evidence}" if verdict == "hung" else evidence))
     ok, detail = judge_answer(code, text)
     probes.append(Probe("chat completion", ok, detail, ms))
     code, ms, text = _curl(s, ep, "/metrics", timeout=10)

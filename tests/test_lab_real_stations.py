@@ -140,6 +140,33 @@ def test_bench_c_1_2_measures_the_real_scheduler_and_keeps_the_key_out(served, t
     assert len(thr2) == 2 and any(s["stamp"] in label for label in thr2)
 
 
+def test_a_stopped_worker_is_named_hung_within_30_s_while_health_answers_and_continues_after(served):
+    """`lab.fault B engine-hang` stops B's real worker (SIGSTOP): the head's engine waits on it in the
+    tensor-parallel step, so the probe gets no token and vLLM's token counters stand still, while its
+    /health answers 200; B's rank is named from its process state. SIGCONT and it serves again."""
+    import time
+
+    from railyard.lab import faults
+    inv, _ = served
+    try:
+        assert run("lab.fault", "B", "engine-hang", inv=inv).returncode == 0
+        t0 = time.monotonic()
+        r = run("health", "--json", inv=inv)
+        took = time.monotonic() - t0
+        doc = json.loads(r.stdout)
+        b = next(x for x in doc["data"]["ranks"] if x["host"] == "B")
+        probes = {p["name"]: p for p in doc["data"]["probes"]}
+        assert r.returncode == 1 and took < 30, (took, r.stdout[-2000:])
+        assert b["reasons"][0].startswith("hung: VLLM::Worker_TP1 (pid ") and "is stopped (state T" in b["reasons"][0]
+        assert probes["/health"]["detail"] == "HTTP 200", probes
+        assert probes["progress"]["detail"].startswith("hung: no token for the probe in 20 s and its token "
+                                                       "counters did not move (prompt_tokens_total "), probes
+    finally:
+        faults.heal()
+    r = run("health", "--json", inv=inv)
+    assert r.returncode == 0, r.stdout[-2000:]
+
+
 def test_stop_frees_the_gpus_and_start_head_first_brings_the_pair_back(served):
     """launch started the worker first (B -> A); start, head first, has the head wait for its worker."""
     inv, _ = served

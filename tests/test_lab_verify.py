@@ -50,9 +50,10 @@ def test_a_correct_launch_verifies_and_is_healthy(served):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=dict(os.environ, RAILYARD_INVENTORY=str(served)))
     time.sleep(6)
+    assert watch.poll() is None               # it keeps looking
     watch.terminate()
     out, _ = watch.communicate(timeout=30)
-    assert out.count("OK: healthy") >= 2  # it kept going: a live view
+    assert out.count("OK: healthy") == 1      # the first look in full, then only changes: none here
 
 
 def test_health_names_the_rank_whose_container_died(served):
@@ -67,3 +68,52 @@ def test_health_names_the_rank_whose_container_died(served):
     assert not b["ok"] and "container glm53-full is exited" in b["reasons"][0]
     v = run("verify-rdma", inv=served)
     assert v.returncode == 1 and "container glm53-full is exited on B" in v.stdout
+
+
+def test_a_stopped_engine_is_hung_while_its_health_answers_and_heal_brings_it_back(served):
+    """`lab.fault HOST engine-hang` stops the engine processes (SIGSTOP): on B the worker of rank 1, named
+    hung from its process state; on A the head's engine core and worker, whose API still answers /health
+    while the probe gets no token and the token counters stand still (the stand-in's engine, as vLLM's,
+    reads no request while stopped)."""
+    import os
+    import sys
+    import threading
+    from .conftest import ROOT, wait_for
+    assert run("launch", inv=served).returncode == 0
+    watch = subprocess.Popen([sys.executable, "-m", "invoke", "health", "--watch", "1"], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             env=dict(os.environ, RAILYARD_INVENTORY=str(served)))
+    lines: list[str] = []
+
+    def read():
+        for ln in watch.stdout:
+            lines.append(ln)
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        wait_for(lambda: any("OK: healthy" in ln for ln in lines), "the watch's first look")
+        assert run("lab.fault", "B", "engine-hang", inv=served).returncode == 0
+        doc = json.loads(run("health", "--json", inv=served).stdout)
+        b = next(r for r in doc["data"]["ranks"] if r["host"] == "B")
+        assert not doc["ok"] and not b["ok"], b
+        assert b["reasons"][0].startswith("hung: VLLM::Worker_TP1 (pid ") and "is stopped (state T in /proc/" in b["reasons"][0]
+        # the watch prints the change alone, stamped: B's service from pass to fail, and back after the heal
+        wait_for(lambda: any(" B service: pass -> fail: " in ln and ": hung: VLLM::Worker_TP1" in ln for ln in lines),
+                 "the watch's line for B")
+        faults.heal()
+        wait_for(lambda: any(" B service: fail -> pass: " in ln for ln in lines), "the watch's line back")
+        watch.terminate()
+        assert sum("OK: healthy" in ln for ln in lines) == 1, lines
+        assert run("lab.fault", "A", "engine-hang", "--value", NAME, inv=served).returncode == 0
+        t0 = time.monotonic()
+        h = run("health", "--json", inv=served)
+        took = time.monotonic() - t0
+        doc = json.loads(h.stdout)
+        probes = {p["name"]: p for p in doc["data"]["probes"]}
+        assert h.returncode == 1 and probes["/health"]["ok"] and probes["/health"]["detail"] == "HTTP 200"
+        assert probes["progress"]["detail"].startswith("hung: no token for the probe in 20 s and its token counters "
+                                                       "did not move (prompt_tokens_total "), probes["progress"]
+        assert probes["progress"]["detail"].endswith("while /health answers 200") and took < 30, took
+    finally:
+        watch.kill()
+        faults.heal()
+    assert run("health", inv=served).returncode == 0  # continued: the queued probe and the new one answer

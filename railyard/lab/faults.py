@@ -228,6 +228,64 @@ def kill_recorded(h: LabHost) -> None:
     _remove(h, "gpu-busy")
 
 
+def _container_of(pid: str) -> str:
+    """The lab container directory a process runs in: its RAILYARD_LAB_CONTAINER, or its nearest ancestor's
+    (vLLM's process titles overwrite the environment a `ps` reads of its engine core and workers)."""
+    for _ in range(16):
+        try:
+            env = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
+            if b"RAILYARD_LAB_CONTAINER" in env:
+                return env[b"RAILYARD_LAB_CONTAINER"].decode()
+            pid = re.search(r"^PPid:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1)
+        except (OSError, AttributeError):
+            return ""
+    return ""
+
+
+def _engine_processes(h: LabHost, service: str | None) -> list[int]:
+    """The engine cores and workers (vLLM's `VLLM::` process titles) of the host's containers, or of its
+    container SERVICE (its name, or its name's last part: `r1` for vllm-replicas-r1); never an API server."""
+    containers = str(h.dir / "docker" / "containers") + "/"
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if not d.name.isdigit() or not (d / "comm").read_text().startswith("VLLM::"):
+                continue
+        except OSError:
+            continue
+        where = _container_of(d.name)
+        if not where.startswith(containers):
+            continue
+        name = where[len(containers):]
+        if service is None or name == service or name.endswith("-" + service):
+            pids.append(int(d.name))
+    return pids
+
+
+def _engine_hang(h, value):
+    pids = _engine_processes(h, value)
+    if not pids:
+        raise UsageError(f"lab.fault engine-hang: no engine process on {h.name}"
+                         + (f" in a container named {value!r} or ending in -{value}" if value else ""))
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    _write(h, "engine-hang", json.dumps(pids))
+    return value or "all"
+
+
+def _engine_hang_heal(h, value):
+    try:
+        pids = json.loads((h.state / "engine-hang").read_text())
+    except (OSError, ValueError):
+        pids = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    _remove(h, "engine-hang")
+
+
 def _state_choice(kind: str, choices: tuple[str, ...], meaning: str):
     """A fault that writes one of a few values into the host's state file `kind`."""
     def inject(h, value):
@@ -385,6 +443,8 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "port-block": (_port_block, _port_block_heal, "a host firewall drops TCP to PORT arriving on the serving rail "
                    "(default 29501, the master port); ping and SSH still pass"),
     "link-down": (_link_down, _link_heal, "take the serving rail's link down"),
+    "engine-hang": (_engine_hang, _engine_hang_heal, "stop (SIGSTOP) the engine processes of the host's containers, "
+                    "or of container SERVICE: alive, holding their GPUs, their API still up, making no progress"),
     "mgmt-down": (_mgmt_down, _mgmt_heal, "take the management link down (SSH from the control machine stops answering)"),
     "no-ip": (_no_ip, _no_ip_heal, "remove the serving rail's IPv4 address"),
     "gid-index": (_gid_index, _state_heal("gid-index"), "move the RoCE v2 IPv4 GID to index N (odd, default 5), or none"),

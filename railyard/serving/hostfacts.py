@@ -152,12 +152,21 @@ class GpuUsage:
     used_mib: int | None
     total_mib: int | None
     processes: list  # facts.GpuProcess on these GPUs
+    states: dict = field(default_factory=dict)  # pid -> its state letter in /proc/PID/stat (R, S, D, T, ...)
+
+
+# the state letter of every compute process on the host's GPUs: /proc/PID/stat's third field, read
+# after the last ") " (a process name may hold spaces and parentheses)
+PROC_STATES = Sh("for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do "
+                 "s=$(cat /proc/$p/stat 2>/dev/null) && printf '%s %s\\n' \"$p\" \"${s##*) }\" | cut -d' ' -f1,2; done")
 
 
 def gpu_usage(s: Session, uuids: tuple[str, ...] | list[str]) -> GpuUsage:
-    """Memory used on these GPUs (by UUID) and the compute processes holding them, in one round trip."""
+    """Memory used on these GPUs (by UUID), the compute processes holding them and their process
+    states, in one round trip."""
     sections = [gpus_section(), Section("apps", cmd("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,"
-                                                    "used_memory", "--format=csv,noheader,nounits"), "nvidia-smi")]
+                                                    "used_memory", "--format=csv,noheader,nounits"), "nvidia-smi"),
+                Section("states", PROC_STATES, "nvidia-smi")]
     token = new_token()
     r = s.run(joined_script(sections, token), timeout=60)
     if r.error:
@@ -169,6 +178,7 @@ def gpu_usage(s: Session, uuids: tuple[str, ...] | list[str]) -> GpuUsage:
         procs = [a for a in F.parse_compute_apps(out["apps"].text) if a.gpu_uuid in wanted] if out["apps"].ok else []
     except F.ParseError:
         gpus, procs = [], []
+    states = dict(ln.split() for ln in out["states"].text.splitlines() if len(ln.split()) == 2) if out["states"].ok else {}
     if not gpus:
-        return GpuUsage(None, None, procs)
-    return GpuUsage(sum(g.memory_used_mib for g in gpus), sum(g.memory_total_mib for g in gpus), procs)
+        return GpuUsage(None, None, procs, states)
+    return GpuUsage(sum(g.memory_used_mib for g in gpus), sum(g.memory_total_mib for g in gpus), procs, states)

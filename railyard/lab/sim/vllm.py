@@ -323,6 +323,19 @@ def spawn(name, gpu=None, mib=0):
     bye()
 
 
+def engine_stopped():
+    """Whether an engine core or worker this process started is stopped (SIGSTOP, state T): vLLM's API
+    server still answers /health and /metrics then, and a request waits in its queue."""
+    for pid in CHILDREN:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(") ")[2][:1] in ("T", "t"):
+                    return True
+        except OSError:
+            pass
+    return False
+
+
 def stop_children():
     for pid in CHILDREN:
         try:
@@ -944,6 +957,8 @@ def make_handler(args, served, key):
                     "spaces_between_special_tokens=True, structured_outputs=None, "
                     f"extra_args={extra}), lora_request: None.", where="request_logger.py:65")
                 log(f"Added request {rid}-{uuidlib.uuid4().hex[:8]}.", where="async_llm.py:578")
+            while engine_stopped():  # the API queued it; a stopped engine core reads nothing, reports nothing
+                time.sleep(0.2)
             out_params = None
             slots = SLOTS[dp] if dp < len(SLOTS) else None
             if slots is not None and not slots.acquire(blocking=False):
