@@ -116,6 +116,25 @@ def test_a_service_that_exits_fails_the_launch_named_and_rollback_removes_it():
     assert any(c.startswith("docker rm -f vllm-tp8") for c in d.session.calls)
 
 
+def test_a_stages_containers_are_watched_together_so_its_start_gate_costs_one_window():
+    from .test_replicas_plan import replicas_plan
+    inv, plan = replicas_plan("vllm_replicas=4", "vllm_tensor_parallel_size=2")
+    d = Docker(inv.hosts[0], log="LMCache cache server is running\nRegistering kv caches\n"
+                                 "INFO:     Application startup complete.")
+    d.session.on(re.compile(r"^(mkdir -p |set -e; umask 077; )"), (0, ""))  # its dirs and the router's file
+    d.session.on(re.compile(r"^cat -- "), (0, "@@railyard-missing\n"))
+    with Runner(inv.hosts, sessions={inv.hosts[0].name: d.session}) as runner:
+        rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 20, False, None)
+    assert rep.ok, rep.failure
+    engines = [s.spec.name for s in plan.stages[1].services]
+    calls = d.session.calls
+    last_run = max(i for i, c in enumerate(calls) if c.startswith("docker run") and any(e in c for e in engines))
+    watched = [c.rsplit(" ", 1)[1] for c in calls[last_run + 1:] if c.startswith("docker inspect")]
+    # each replica is looked at in the first round, before the first one's 1.5 s window closes: the
+    # four windows overlap (one after another, a stage of N took N windows)
+    assert sorted(watched[:len(engines)]) == sorted(engines) and len(engines) == 4
+
+
 def test_dp_ep_is_ready_only_when_every_dp_rank_logged_its_kv_cache():
     inv, plan = hgx_plan("serve_layout=dp_ep")
     svc = plan.services()[0]

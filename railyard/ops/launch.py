@@ -229,12 +229,9 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
                 rep.started.append(svc.name)
             if rep.failure:
                 break
-            for svc in stage.services:
-                if not _wait_started(runner.session(svc.host), svc, deadline, timeout, states[svc.name], status, fail):
-                    break
-                live.append(svc)
-            if rep.failure:
+            if not _wait_started(runner, list(stage.services), deadline, timeout, states, status, fail):
                 break
+            live += stage.services
             if stage.wait == "ready" and not wait_ready(list(stage.services), status, live):
                 break
         if not rep.failure and wait_ready(services, status, live):
@@ -285,22 +282,28 @@ def unreachable_dials(plan: LaunchPlan, runner: Runner, running: set[str]) -> li
     return out
 
 
-def _wait_started(s: Session, svc: Service, deadline: float, timeout: float, st: ServiceState, status, fail) -> bool:
-    gate = svc.started
-    up_since = None
+def _wait_started(runner: Runner, svcs: list[Service], deadline: float, timeout: float,
+                  states: dict[str, ServiceState], status, fail) -> bool:
+    """A stage's services watched together until each has run for its start gate's seconds: the
+    windows overlap, so a stage of N containers takes one window, not N."""
+    up_since: dict[str, float] = {}
+    todo = list(svcs)
     while True:
-        c = inspect(s, svc.spec.name)
-        if c.running and c.pid:
-            up_since = up_since or time.monotonic()
-            if time.monotonic() - up_since >= gate.seconds:
-                st.phase = "running"
-                st.detail = "waiting for the head" if svc.role == "worker" else "started"
-                return True
-        elif c.exists and not c.running and c.status == "exited":
-            fail(svc, f": the container exited with code {c.exit_code}", f"exited with code {c.exit_code}")
-            return False
+        for svc in list(todo):
+            c = inspect(runner.session(svc.host), svc.spec.name)
+            if c.running and c.pid:
+                if time.monotonic() - up_since.setdefault(svc.name, time.monotonic()) >= svc.started.seconds:
+                    st = states[svc.name]
+                    st.phase = "running"
+                    st.detail = "waiting for the head" if svc.role == "worker" else "started"
+                    todo.remove(svc)
+            elif c.exists and not c.running and c.status == "exited":
+                fail(svc, f": the container exited with code {c.exit_code}", f"exited with code {c.exit_code}")
+                return False
+        if not todo:
+            return True
         if time.monotonic() > deadline:
-            fail(svc, f": not running after {timeout:.0f} s", "timed out starting")
+            fail(todo[0], f": not running after {timeout:.0f} s", "timed out starting")
             return False
         time.sleep(POLL_S)
         status.refresh()
