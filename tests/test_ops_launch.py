@@ -130,9 +130,23 @@ def test_a_stages_containers_are_watched_together_so_its_start_gate_costs_one_wi
     calls = d.session.calls
     last_run = max(i for i, c in enumerate(calls) if c.startswith("docker run") and any(e in c for e in engines))
     watched = [c.rsplit(" ", 1)[1] for c in calls[last_run + 1:] if c.startswith("docker inspect")]
+    watched = [n for n in watched if n in engines]
     # each replica is looked at in the first round, before the first one's 1.5 s window closes: the
     # four windows overlap (one after another, a stage of N took N windows)
     assert sorted(watched[:len(engines)]) == sorted(engines) and len(engines) == 4
+
+
+def test_a_ready_stage_asks_its_ready_gates_during_its_start_window():
+    inv, plan = hgx_plan()
+    d = Docker(inv.hosts[0], log="INFO:     Application startup complete.")
+    with Runner(inv.hosts, sessions={"G1": d.session}) as runner:
+        rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 20, False, None)
+    assert rep.ok, rep.failure
+    after = d.session.calls[next(i for i, c in enumerate(d.session.calls) if c.startswith("docker run")) + 1:]
+    inspects = [i for i, c in enumerate(after) if c.startswith("docker inspect")]
+    logs = [i for i, c in enumerate(after) if c.startswith("docker logs")]
+    # the log and /health asked in the window's first round (after it, a launch took window + gates)
+    assert inspects[0] < logs[0] < inspects[1] and len(inspects) >= 2
 
 
 def test_dp_ep_is_ready_only_when_every_dp_rank_logged_its_kv_cache():

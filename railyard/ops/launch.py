@@ -215,6 +215,50 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
                 time.sleep(0.5)
         return True
 
+    def watch(svcs: list[Service], ready: bool, status: _Status, live: list[Service]) -> bool:
+        """A stage's services watched together, so that their windows overlap: each running for its
+        start gate's seconds and, where the stage waits for ready, its ready gates asked in the same
+        rounds (ready once both hold). One of them exiting fails the launch, as does an earlier
+        stage's service."""
+        up_since: dict[str, float] = {}
+        waiting: dict[str, list[Gate]] = {}  # the ready gates each one still waits for
+        todo = list(svcs)
+        while True:
+            if dead(live):
+                return False
+            for svc in list(todo):
+                st = states[svc.name]
+                c = inspect(runner.session(svc.host), svc.spec.name)
+                if c.exists and not c.running and c.status == "exited":
+                    fail(svc, f": the container exited with code {c.exit_code}", f"exited with code {c.exit_code}")
+                    return False
+                if not (c.running and c.pid):
+                    continue
+                ran = time.monotonic() - up_since.setdefault(svc.name, time.monotonic()) >= svc.started.seconds
+                gated = ready and bool(svc.ready)
+                if gated:
+                    waiting[svc.name], detail = pending_gates(runner.session(svc.host), svc)
+                    st.phase, st.detail = "loading", detail
+                if ran and not waiting.get(svc.name):
+                    todo.remove(svc)
+                    if gated:
+                        st.phase, st.detail = "ready", ", ".join(g.describe() for g in svc.ready)
+                    else:
+                        st.phase = "running"
+                        st.detail = "waiting for the head" if svc.role == "worker" else "started"
+            if not todo:
+                return True
+            if time.monotonic() > deadline:
+                svc = todo[0]
+                if waiting.get(svc.name):
+                    gates = " and ".join(_short(g) for g in waiting[svc.name])
+                    fail(svc, f": no {gates} within {timeout:.0f} s", "timed out")
+                else:
+                    fail(svc, f": not running after {timeout:.0f} s", "timed out starting")
+                return False
+            status.refresh()
+            time.sleep(0.5 if ready else POLL_S)
+
     with _Status(console, list(states.values())) as status:
         live: list[Service] = []
         for stage in plan.stages:
@@ -229,11 +273,9 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
                 rep.started.append(svc.name)
             if rep.failure:
                 break
-            if not _wait_started(runner, list(stage.services), deadline, timeout, states, status, fail):
+            if not watch(list(stage.services), stage.wait == "ready", status, live):
                 break
             live += stage.services
-            if stage.wait == "ready" and not wait_ready(list(stage.services), status, live):
-                break
         if not rep.failure and wait_ready(services, status, live):
             for st in states.values():
                 if st.phase != "ready":
@@ -280,33 +322,6 @@ def unreachable_dials(plan: LaunchPlan, runner: Runner, running: set[str]) -> li
         out += [(d, seen[(d.address, d.port)].status) for d in dials
                 if (d.address, d.port) in seen and seen[(d.address, d.port)].status != "connected"]
     return out
-
-
-def _wait_started(runner: Runner, svcs: list[Service], deadline: float, timeout: float,
-                  states: dict[str, ServiceState], status, fail) -> bool:
-    """A stage's services watched together until each has run for its start gate's seconds: the
-    windows overlap, so a stage of N containers takes one window, not N."""
-    up_since: dict[str, float] = {}
-    todo = list(svcs)
-    while True:
-        for svc in list(todo):
-            c = inspect(runner.session(svc.host), svc.spec.name)
-            if c.running and c.pid:
-                if time.monotonic() - up_since.setdefault(svc.name, time.monotonic()) >= svc.started.seconds:
-                    st = states[svc.name]
-                    st.phase = "running"
-                    st.detail = "waiting for the head" if svc.role == "worker" else "started"
-                    todo.remove(svc)
-            elif c.exists and not c.running and c.status == "exited":
-                fail(svc, f": the container exited with code {c.exit_code}", f"exited with code {c.exit_code}")
-                return False
-        if not todo:
-            return True
-        if time.monotonic() > deadline:
-            fail(todo[0], f": not running after {timeout:.0f} s", "timed out starting")
-            return False
-        time.sleep(POLL_S)
-        status.refresh()
 
 
 # ---------------------------------------------------------------- apply
