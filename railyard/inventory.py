@@ -612,7 +612,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         "model_size_gb": (0, 100_000), "vllm_port": (1, 65535), "vllm_master_port": (1, 65535),
         "vllm_tensor_parallel_size": (1, 1024), "vllm_gpu_memory_utilization": (0.01, 1.0),
         "vllm_pipeline_parallel_size": (1, 1024), "vllm_data_parallel_size": (1, 1024),
-        "vllm_api_server_count": (0, 1024), "cluster_gpus_per_host": (1, 64),
+        "vllm_api_server_count": (0, 1024), "vllm_hung_after_s": (1, 110), "cluster_gpus_per_host": (1, 64),
         "nccl_check_timeout_s": (10, 86_400), "nccl_check_min_link_fraction": (0.0, 1.0),
         "sync_streams": (1, 64), "sync_bwlimit_mbps": (0, 1_000_000), "sync_timeout_s": (1, 604_800),
         "sync_io_timeout_s": (5, 86_400), "sync_rsyncd_port": (0, 65535), "pd_kv_lease_s": (0, 86_400),

@@ -345,9 +345,8 @@ def health(inv: Inventory, probes_for=None) -> tuple[LaunchPlan, list[RankHealth
 
 # vLLM's /health answers 200 unless the engine is dead (EngineDeadError), so a wedged engine stays "healthy"
 # (vllm-project/vllm #36451, #39863); its progress shows only in /metrics. A probe that has no answer within
-# HUNG_AFTER_S is judged on the engine's token counters: unchanged over that window (while /health answers)
-# is a hung engine; moved is a busy one, asked again for the rest of CHAT_LIMIT_S
-HUNG_AFTER_S = 20
+# vllm_hung_after_s (20 s by default) is judged on the engine's token counters: unchanged over that window
+# (while /health answers) is a hung engine; moved is a busy one, asked again for the rest of CHAT_LIMIT_S
 CHAT_LIMIT_S = 120
 PROGRESS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
 
@@ -398,12 +397,13 @@ def _api_probes(s: Session, ep: Endpoint) -> tuple[list[Probe], dict]:
                         (f"HTTP {code}; serves {', '.join(ids) or 'nothing'}" if code else f"no answer: {text[:120]}")
                         + ("" if served in ids else f" (expected {served})"), ms))
     body = CHAT_PROBE | {"model": served}
-    code, ms, text = _curl(s, ep, "/v1/chat/completions", body, timeout=HUNG_AFTER_S)
+    hung_after = int(s.host.vars.get("vllm_hung_after_s", 20))
+    code, ms, text = _curl(s, ep, "/v1/chat/completions", body, timeout=hung_after)
     if code == 0:  # no answer yet: did the engine move at all?
         after, _, t1 = _counters(s, ep)
         verdict, evidence = judge_progress(before, after, (t0, t1), ms / 1000, health_ok)
         if verdict == "busy":
-            code, more, text = _curl(s, ep, "/v1/chat/completions", body, timeout=CHAT_LIMIT_S - HUNG_AFTER_S)
+            code, more, text = _curl(s, ep, "/v1/chat/completions", body, timeout=CHAT_LIMIT_S - hung_after)
             ms += more
         else:
             probes.append(Probe("progress", False, f"{verdict}: {evidence}" if verdict == "hung" else evidence))

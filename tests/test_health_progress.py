@@ -1,5 +1,5 @@
 """Alive but hung: an engine whose /health answers 200 while it makes no progress. `inv health`'s probe
-request that gets no token within HUNG_AFTER_S is judged on the engine's own token counters, read from
+request that gets no token within `vllm_hung_after_s` (20 s) is judged on the engine's own token counters, read from
 /metrics before the probe and after its limit: unchanged is `hung` (named, with the values and times),
 moved is a busy engine asked again for the rest of the old limit; unread is no verdict of hung. A rank
 whose serving process is stopped (state T) is named hung by `_service_health` (its state read here from
@@ -36,7 +36,7 @@ def exposition(prompt: float, generation: float) -> str:
             f"# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{labels} {generation}\n")
 
 
-def session(metrics: list[str], chats: list[tuple[int, str]], health: int = 200) -> FakeSession:
+def session(metrics: list[str], chats: list[tuple[int, str]], health: int = 200, hosts_vars=None) -> FakeSession:
     """curl's output as request() reads it: the body, then `@@CODE SECONDS`; 000 when no answer came."""
     reads = iter(metrics)
     answers = iter(chats)
@@ -45,7 +45,7 @@ def session(metrics: list[str], chats: list[tuple[int, str]], health: int = 200)
         return (28 if code == 0 else 0, f"{body}\n@@{code:03d} {secs} ",
                 "curl: (28) Operation timed out after 20001 milliseconds with 0 bytes received" if code == 0 else "")
 
-    s = FakeSession(Host("A", 0, "198.18.0.11", 22, "root", "ssh", "", {}, {}))
+    s = FakeSession(Host("A", 0, "198.18.0.11", 22, "root", "ssh", "", {}, hosts_vars or {}))
     s.on(re.compile(r"/metrics$"), lambda _: curl(next(reads), 200))
     s.on(re.compile(r"/health$"), lambda _: curl("", health))
     s.on(re.compile(r"/v1/models$"), lambda _: curl('{"data": [{"id": "railyard-lab/tiny-qwen3"}]}', 200))
@@ -75,8 +75,15 @@ def test_no_token_but_moving_counters_is_busy_and_asked_again_for_the_rest_of_th
     probes = by_name(verify._api_probes(s, EP)[0])
     assert "progress" not in probes and probes["chat completion"].ok
     chats = [c for c in s.calls if "/v1/chat/completions" in c]
-    assert [re.search(r"--max-time (\d+)", c).group(1) for c in chats] == [
-        str(verify.HUNG_AFTER_S), str(verify.CHAT_LIMIT_S - verify.HUNG_AFTER_S)]
+    assert [re.search(r"--max-time (\d+)", c).group(1) for c in chats] == ["20", "100"]
+
+
+def test_vllm_hung_after_s_sets_how_long_the_probe_waits_before_the_counters_are_read_again():
+    s = session([exposition(812, 4096), exposition(9000, 5120), exposition(9100, 5136)], [(0, ""), (200, ANSWER)],
+                hosts_vars={"vllm_hung_after_s": 5})
+    verify._api_probes(s, EP)
+    chats = [c for c in s.calls if "/v1/chat/completions" in c]
+    assert [re.search(r"--max-time (\d+)", c).group(1) for c in chats] == ["5", "115"]   # the two minutes kept
 
 
 def test_counters_that_cannot_be_read_give_no_hung_verdict():
@@ -155,3 +162,4 @@ def test_the_state_of_each_gpu_process_is_read_after_its_name_whatever_the_name_
         for p in (stopped, running):
             p.kill()
             p.wait()
+

@@ -174,3 +174,10 @@ def test_cli_rank_order_and_missing_file(tmp_path):
     inv = load_inventory(write(tmp_path, BASE))
     with pytest.raises(UsageError, match="must name every host exactly once"):
         inv.ordered("A,A")
+
+
+def test_vllm_hung_after_s_beyond_the_probes_two_minutes_is_refused_with_file_key_and_value(tmp_path):
+    got = problems(tmp_path, overrides=["vllm_hung_after_s=120"])   # the busy engine's second ask needs some
+    assert got == ["--set: vllm_hung_after_s = 120: must be between 1 and 110"]          # named where it came from
+    ok = load_inventory(write(tmp_path, copy.deepcopy(BASE)), ["vllm_hung_after_s=8"])
+    assert ok.head.vars["vllm_hung_after_s"] == 8

@@ -46,7 +46,7 @@ def test_a_correct_launch_verifies_and_is_healthy(served):
     import os
     import sys
     from .conftest import ROOT
-    watch = subprocess.Popen([sys.executable, "-m", "invoke", "health", "--watch", "1"], cwd=ROOT, text=True,
+    watch = subprocess.Popen([sys.executable, "-m", "invoke", "health", "--watch", "1", *HUNG_AFTER], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=dict(os.environ, RAILYARD_INVENTORY=str(served)))
     time.sleep(6)
@@ -79,8 +79,9 @@ def test_a_stopped_engine_is_hung_while_its_health_answers_and_heal_brings_it_ba
     import sys
     import threading
     from .conftest import ROOT, wait_for
+    HUNG_AFTER = ("--set", "vllm_hung_after_s=8")  # the probe's wait before the counters are read again
     assert run("launch", inv=served).returncode == 0
-    watch = subprocess.Popen([sys.executable, "-m", "invoke", "health", "--watch", "1"], cwd=ROOT, text=True,
+    watch = subprocess.Popen([sys.executable, "-m", "invoke", "health", "--watch", "1", *HUNG_AFTER], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              env=dict(os.environ, RAILYARD_INVENTORY=str(served)))
     lines: list[str] = []
@@ -92,7 +93,7 @@ def test_a_stopped_engine_is_hung_while_its_health_answers_and_heal_brings_it_ba
     try:
         wait_for(lambda: any("OK: healthy" in ln for ln in lines), "the watch's first look")
         assert run("lab.fault", "B", "engine-hang", inv=served).returncode == 0
-        doc = json.loads(run("health", "--json", inv=served).stdout)
+        doc = json.loads(run("health", "--json", *HUNG_AFTER, inv=served).stdout)
         b = next(r for r in doc["data"]["ranks"] if r["host"] == "B")
         assert not doc["ok"] and not b["ok"], b
         assert b["reasons"][0].startswith("hung: VLLM::Worker_TP1 (pid ") and "is stopped (state T in /proc/" in b["reasons"][0]
@@ -105,14 +106,14 @@ def test_a_stopped_engine_is_hung_while_its_health_answers_and_heal_brings_it_ba
         assert sum("OK: healthy" in ln for ln in lines) == 1, lines
         assert run("lab.fault", "A", "engine-hang", "--value", NAME, inv=served).returncode == 0
         t0 = time.monotonic()
-        h = run("health", "--json", inv=served)
+        h = run("health", "--json", *HUNG_AFTER, inv=served)
         took = time.monotonic() - t0
         doc = json.loads(h.stdout)
         probes = {p["name"]: p for p in doc["data"]["probes"]}
         assert h.returncode == 1 and probes["/health"]["ok"] and probes["/health"]["detail"] == "HTTP 200"
-        assert probes["progress"]["detail"].startswith("hung: no token for the probe in 20 s and its token counters "
+        assert probes["progress"]["detail"].startswith("hung: no token for the probe in 8 s and its token counters "
                                                        "did not move (prompt_tokens_total "), probes["progress"]
-        assert probes["progress"]["detail"].endswith("while /health answers 200") and took < 30, took
+        assert probes["progress"]["detail"].endswith("while /health answers 200") and took < 18, took
     finally:
         watch.kill()
         faults.heal()
