@@ -5,7 +5,6 @@ fails. On the stand-in engine (up in 2 s): launch_server.sh serving is proven on
 
 import json
 import shutil
-import time
 
 import pytest
 

@@ -19,9 +19,11 @@ from railyard.runner import Runner
 from railyard.sync import SyncOptions, rsync_args, sync_model
 
 from .conftest import ROOT, as_a_terminal_job, home, inv_cmd, wait_for
-from .test_lab_sync import SHARDS, _kill_rsync_on_A, checkpoint, files_of_A, fresh, model_dir  # noqa: F401
+from . import test_lab_sync
+from .test_lab_sync import SHARDS, _kill_rsync_on_A, files_of_A, model_dir
 
 pytestmark = pytest.mark.lab
+checkpoint, fresh = test_lab_sync.checkpoint, test_lab_sync.fresh  # the sync tests' fixtures, shared
 RSYNCD = ("--transport", "rsyncd")
 
 

@@ -4,17 +4,21 @@ On the vLLM stand-in: verify-rdma judges NCCL logs, which only the GPU layer wri
 talks gloo), with a fault each."""
 
 import json
+import os
 import subprocess
+import sys
+import threading
 import time
 
 import pytest
 
 from railyard.lab import faults
 
-from .conftest import inv_cmd, on, station_ready
+from .conftest import ROOT, inv_cmd, on, station_ready, wait_for
 
 pytestmark = pytest.mark.lab
 NAME = "glm53-full"
+HUNG_AFTER = ("--set", "vllm_hung_after_s=8")  # the probe's wait before the counters are read again
 
 
 def run(*args, inv):
@@ -43,9 +47,6 @@ def test_a_correct_launch_verifies_and_is_healthy(served):
     assert hd["data"]["metrics"]["spec_acceptance"] == pytest.approx(0.75)
     table = run("health", inv=served)
     assert "prefix-cache hit rate" in table.stdout and "OK: healthy" in table.stdout
-    import os
-    import sys
-    from .conftest import ROOT
     watch = subprocess.Popen([sys.executable, "-m", "invoke", "health", "--watch", "1", *HUNG_AFTER], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=dict(os.environ, RAILYARD_INVENTORY=str(served)))
@@ -75,11 +76,6 @@ def test_a_stopped_engine_is_hung_while_its_health_answers_and_heal_brings_it_ba
     hung from its process state; on A the head's engine core and worker, whose API still answers /health
     while the probe gets no token and the token counters stand still (the stand-in's engine, as vLLM's,
     reads no request while stopped)."""
-    import os
-    import sys
-    import threading
-    from .conftest import ROOT, wait_for
-    HUNG_AFTER = ("--set", "vllm_hung_after_s=8")  # the probe's wait before the counters are read again
     assert run("launch", inv=served).returncode == 0
     watch = subprocess.Popen([sys.executable, "-m", "invoke", "health", "--watch", "1", *HUNG_AFTER], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

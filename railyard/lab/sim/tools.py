@@ -1402,7 +1402,7 @@ def _private_tmp(name, argv):
     tmp = os.path.join(_cdir(name), "rootfs", "tmp")
     steps = ['mount --bind "$0" /tmp']
     run_done = False
-    for b in cfg["HostConfig"]["Binds"]:  # noqa: the /dev setup below needs /run first
+    for b in cfg["HostConfig"]["Binds"]:  # the /dev setup below needs /run first
         parts = b.split(":")
         src, dst = parts[0], parts[1]
         ro = len(parts) > 2 and "ro" in parts[2].split(",")
