@@ -477,13 +477,12 @@ def test_export_writes_the_files_and_contacts_no_host(tmp_path):
     assert os.access(path, os.X_OK)
 
 
+@pytest.mark.lab  # the lab's vllm-router venv, which `inv lab.up` installs
 def test_the_real_vllm_router_takes_the_exported_arguments(tmp_path):
     """The proxy's arguments as the Deployment runs them, given to the real vllm-router 0.1.17 (the lab's venv):
     it parses them and starts, its discovery failing only for want of a cluster."""
     from railyard.lab import components
     exe = components.program("vllm-router")
-    if not os.path.exists(exe):
-        pytest.skip("the lab's vllm-router venv is not made yet (inv lab.up makes it)")
     text, = rendered("pd", "lws").values()
     proxy = next(d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment")
     args = [a.replace("$(POD_NAMESPACE)", "default") for a in proxy["spec"]["template"]["spec"]["containers"][0]["command"]]

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from railyard.inventory import Host, Rail, load_inventory
 from railyard.sync import (FileInfo, Manifest, check_model, diff, download_command, parse_bytes_sent, parse_manifest,
                            parse_progress, plan_copy, rsync_command, split_streams)
@@ -15,6 +17,10 @@ from railyard.lab.checkpoint import write_checkpoint
 from railyard.sync import MANIFEST_SCRIPT
 
 from .conftest import ROOT, real
+
+# the lab's real model (write_checkpoint) is made by the lab's vLLM venv, which `inv lab.up` installs
+# (minutes, once per machine): the tests that write it run in the lab stage, where it is there
+LAB_MODEL = pytest.mark.lab
 
 import ipaddress
 
@@ -111,6 +117,7 @@ def test_download_command_is_the_reference_one():
     assert c.endswith("-lc 'exec hf download nvidia/GLM-5.3-NVFP4 --revision " + "a" * 40 + " --local-dir /model'")
 
 
+@LAB_MODEL
 def test_manifest_script_on_a_real_tree(tmp_path):
     root = tmp_path / "model"
     write_checkpoint(root, 0.004, 3)
@@ -153,6 +160,7 @@ def hf_snapshot(tmp_path) -> Path:
     return snap
 
 
+@LAB_MODEL
 def test_a_hugging_face_cache_snapshot_is_a_checkpoint_read_through_its_links(tmp_path):
     snap = hf_snapshot(tmp_path)
     (snap / "dangling.safetensors").symlink_to("../../blobs/missing")
