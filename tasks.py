@@ -142,7 +142,7 @@ def verify_rdma(c, inventory=None, log=None, json=False, set_=None):
       iterable=["set_"])
 def health(c, inventory=None, json=False, watch=None, cache_proof=False, proof_words=None, set_=None):
     """Services up and on their GPUs; the endpoint's /health, /v1/models, a real chat completion, /metrics."""
-    from railyard.replicas import PROOF_WORDS_AUTO
+    from railyard.layouts.replicas.health import PROOF_WORDS_AUTO
     words = _int(proof_words, "--proof-words") if proof_words is not None else PROOF_WORDS_AUTO
     cli.health(inventory, json, _num(watch, "--watch"), set_, cache_proof=words if cache_proof else 0)
 

@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from railyard import lab  # noqa: E402
+import railyard_lab as lab  # noqa: E402
 from railyard.bench import aiperf  # noqa: E402
-from railyard.lab.checkpoint import write_checkpoint  # noqa: E402
+from railyard_lab.checkpoint import write_checkpoint  # noqa: E402
 
 LOAD = ["--isl", "64", "--osl", "16", "--requests", "4", "--warmup", "1"]
 
@@ -71,7 +71,7 @@ def railyard_run(c: int, out: Path, env) -> tuple[float, dict]:
 
 
 def direct_run(c: int, out: Path, port: int, key: str, model: str) -> tuple[float, dict]:
-    argv = ["profile", "-m", model, "--tokenizer", str(ROOT / "railyard/lab/tokenizer"), "--endpoint-type", "chat",
+    argv = ["profile", "-m", model, "--tokenizer", str(ROOT / "lab/railyard_lab/tokenizer"), "--endpoint-type", "chat",
             "--random-seed", "1", "--synthetic-input-tokens-mean", "64", "--synthetic-input-tokens-stddev", "0",
             "--output-tokens-mean", "16", "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
             "--concurrency", str(c), "--request-count", str(4 * c), "--warmup-request-count", str(c),

@@ -36,11 +36,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from railyard import lab  # noqa: E402
+import railyard_lab as lab  # noqa: E402
 from railyard.inventory import load_inventory  # noqa: E402
-from railyard.lab import components  # noqa: E402
-from railyard.preflight import sections_for  # noqa: E402
-from railyard.probe import joined_script, new_token, section_body  # noqa: E402
+from railyard_lab import components  # noqa: E402
+from railyard.verbs.preflight import sections_for  # noqa: E402
+from railyard.facts.probe import joined_script, new_token, section_body  # noqa: E402
 
 
 def children_cpu() -> float:

@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from railyard import lab  # noqa: E402
-from railyard.lab.checkpoint import write_checkpoint  # noqa: E402
-from railyard.sync import MANIFEST_SCRIPT  # noqa: E402
+import railyard_lab as lab  # noqa: E402
+from railyard_lab.checkpoint import write_checkpoint  # noqa: E402
+from railyard.verbs.sync import MANIFEST_SCRIPT  # noqa: E402
 
 REL = "models/tiny-qwen3"
 

@@ -333,7 +333,7 @@ def nccl_report(rep) -> Report:
 def sync_report(rep) -> Report:
     """sync-model: a `model` check per host (the checkpoint's own files) and a `sync` check per target
     (copied and equal to the source); a dry run skips them, a stop before copying is one fail."""
-    from .sync import report_json as sync_json
+    from .verbs.sync import report_json as sync_json
     data = {k: v for k, v in sync_json(rep).items() if k != "ok"}
     src_name = rep.source
     if rep.failure:
@@ -440,7 +440,7 @@ def _secs(v) -> str:
 def timeline_table(timelines: list, title: str = "bring-up: seconds from the container's start "
                                                  "(the previous launch's in brackets)") -> Table:
     """One row per vLLM container: each milestone's time, `not seen`, or `n/a` where that rank has none."""
-    from .serving.vllm import MILESTONE_LABELS, MILESTONES
+    from .engines.vllm import MILESTONE_LABELS, MILESTONES
     t = Table(title=title, title_justify="left")
     for c in ("rank", "host", "service"):
         t.add_column(c, no_wrap=True)

@@ -64,7 +64,7 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_makereport(item, call):
     report = yield
     if report.failed and item.get_closest_marker("lab"):
-        from railyard import lab
+        import railyard_lab as lab
         wait = evidence.cut_wait()
         root = lab.lab_dir()
         tails = evidence.log_tails(root, item.stash.get(_STARTED, 0.0), evidence.cut_host()) if root.exists() else []
@@ -122,8 +122,8 @@ def lab_inventory() -> Path:
     fault each): it is up in about 2 s where the real engine takes about a minute. Modules that prove
     railyard against the real vLLM take `real_lab` instead."""
     _need_lab()
-    from railyard import lab
-    from railyard.lab import faults
+    import railyard_lab as lab
+    from railyard_lab import faults
     path = lab.up(2, log=lambda *_: None, engine="stand-in")
     faults.heal()
     yield path
@@ -134,8 +134,8 @@ def lab_inventory() -> Path:
 def hgx8_inventory(lab_inventory) -> Path:
     """The lab as two hgx8 hosts (8 x H200 each, the stand-in engine) for one module; the station lab
     is back afterwards (lab.up rebuilds the hosts for another shape in about a second; same path)."""
-    from railyard import lab
-    from railyard.lab import faults
+    import railyard_lab as lab
+    from railyard_lab import faults
     faults.heal()
     path = lab.up(2, log=lambda *_: None, shape="hgx8", engine="stand-in")
     yield path
@@ -151,9 +151,9 @@ def real_lab(layout: str):
     With RAILYARD_TEST_KEEP_LAB=1 (the inner loop: one module again and again) a lab already serving this
     layout on the real engine is taken as it is, the module's launch finds it running, and it is left up."""
     _need_lab()
-    from railyard import lab
-    from railyard.lab import faults
-    from railyard.lab.checkpoint import write_checkpoint
+    import railyard_lab as lab
+    from railyard_lab import faults
+    from railyard_lab.checkpoint import write_checkpoint
     keep = os.environ.get(KEEP_LAB_ENV) == "1"
     root = lab.lab_dir()
     reuse = keep and lab.lab_engine(root) == "vllm" and lab.lab_layout(root) == layout
@@ -178,7 +178,7 @@ def real_lab(layout: str):
 @pytest.fixture
 def healthy_lab(lab_inventory):
     """The lab, healed again after the test whatever it did."""
-    from railyard.lab import faults
+    from railyard_lab import faults
     yield lab_inventory
     faults.heal()
 
@@ -186,7 +186,7 @@ def healthy_lab(lab_inventory):
 def on(host: str, *argv: str) -> subprocess.CompletedProcess:
     """Run a command on a lab host over SSH; several words are quoted, one word is a shell line."""
     import shlex
-    from railyard import lab
+    import railyard_lab as lab
     root = lab.lab_dir()
     line = argv[0] if len(argv) == 1 else shlex.join(argv)
     with evidence.waiting(host, line):
@@ -213,7 +213,7 @@ def remove_containers(*names: str, hosts=("A", "B")) -> None:
 
 def home(host: str) -> Path:
     """A lab host's home directory (its /root), seen from this machine."""
-    from railyard import lab
+    import railyard_lab as lab
     return lab.lab_dir() / "hosts" / host / "home"
 
 
@@ -271,8 +271,8 @@ def wait_for(check, what, timeout=60.0):
 def station_ready(inv_path):
     """The station lab with the checkpoint on both hosts and the env files written, no container of
     the two-station layout; afterwards healed, the containers and checkpoints gone."""
-    from railyard.lab import faults
-    from railyard.lab.checkpoint import write_checkpoint
+    from railyard_lab import faults
+    from railyard_lab.checkpoint import write_checkpoint
     faults.heal()
     remove_containers("glm53-full")
     for h in ("A", "B"):

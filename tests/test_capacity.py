@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from invoke.exceptions import Exit
 
-from railyard import capacity as C
+from railyard.verbs import capacity as C
 from railyard.errors import UsageError
 from railyard.inventory import Host, Inventory
 from railyard.transport import LocalSession

@@ -1,7 +1,7 @@
 """inv collect's pure parts: what is redacted (and what is not), how a long text is cut, and the
 NCCL verdicts read back from the collected logs."""
 
-from railyard.collect import _nccl_verdicts, _tail, redact
+from railyard.verbs.collect import _nccl_verdicts, _tail, redact
 
 from .conftest import FIXTURES
 

@@ -15,14 +15,14 @@ import jsonschema
 import pytest
 import yaml
 
-from railyard import export
+from railyard.verbs import export
 from railyard import facts as F
 from railyard.inventory import load_inventory
 from railyard.render import docker
-from railyard.serving import layouts
-from railyard.serving.hostfacts import HostFacts
+from railyard.plan import layout as layouts
+from railyard.facts.host import HostFacts
 from railyard.render.lws import RAIL_ONLY_ENV
-from railyard.serving.spec import Ref
+from railyard.plan.spec import Ref
 
 from .conftest import FIXTURES, ROOT, inv_cmd
 
@@ -481,7 +481,7 @@ def test_export_writes_the_files_and_contacts_no_host(tmp_path):
 def test_the_real_vllm_router_takes_the_exported_arguments(tmp_path):
     """The proxy's arguments as the Deployment runs them, given to the real vllm-router 0.1.17 (the lab's venv):
     it parses them and starts, its discovery failing only for want of a cluster."""
-    from railyard.lab import components
+    from railyard_lab import components
     exe = components.program("vllm-router")
     text, = rendered("pd", "lws").values()
     proxy = next(d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment")

@@ -16,10 +16,10 @@ import signal
 import subprocess
 import time
 
-from railyard import verify
+from railyard.verbs import verify
 from railyard.inventory import Host
-from railyard.serving.hostfacts import PROC_STATES
-from railyard.serving.spec import Endpoint
+from railyard.facts.host import PROC_STATES
+from railyard.plan.spec import Endpoint
 from railyard.transport import FakeSession
 
 EP = Endpoint("head", "A", "127.0.0.1", 8000, "", "railyard-lab/tiny-qwen3")

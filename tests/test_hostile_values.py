@@ -18,8 +18,8 @@ from railyard import facts as F
 from railyard.errors import InventoryError
 from railyard.inventory import load_inventory
 from railyard.render import docker, envfile
-from railyard.serving import layouts
-from railyard.serving.hostfacts import HostFacts
+from railyard.plan import layout as layouts
+from railyard.facts.host import HostFacts
 
 from .conftest import ROOT, inv_cmd
 

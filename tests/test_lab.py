@@ -6,8 +6,8 @@ import subprocess
 import pytest
 
 from railyard import facts as F
-from railyard import lab
-from railyard.lab import faults
+import railyard_lab as lab
+from railyard_lab import faults
 
 from .conftest import inv_cmd, on
 

@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from railyard.lab import faults
+from railyard_lab import faults
 
 from .conftest import home, inv_cmd, station_ready
 

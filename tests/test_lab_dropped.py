@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from railyard.lab import faults
+from railyard_lab import faults
 
 from .conftest import ROOT, as_a_terminal_job, inv_cmd, on, station_ready, wait_for
 

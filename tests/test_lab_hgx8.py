@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from railyard import facts as F
-from railyard import lab
+import railyard_lab as lab
 from railyard.inventory import load_inventory
-from railyard.lab import faults
-from railyard.lab.checkpoint import write_checkpoint
+from railyard_lab import faults
+from railyard_lab.checkpoint import write_checkpoint
 
 from .conftest import home, inv_cmd, on, remove_containers
 

@@ -10,9 +10,9 @@ import shutil
 import pytest
 
 from railyard.inventory import load_inventory
-from railyard.lab import faults
-from railyard.lab.checkpoint import write_checkpoint
-from railyard.launch import LaunchError, launch, start, status, stop
+from railyard_lab import faults
+from railyard_lab.checkpoint import write_checkpoint
+from railyard.verbs.serve import LaunchError, launch, start, status, stop
 
 from .conftest import home, inv_cmd, on, remove_containers
 

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from railyard.lab import faults
-from railyard.lab.checkpoint import write_checkpoint
+from railyard_lab import faults
+from railyard_lab.checkpoint import write_checkpoint
 
 from .conftest import home, inv_cmd, on
 

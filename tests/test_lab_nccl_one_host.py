@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from railyard.lab import faults
+from railyard_lab import faults
 
 from .conftest import inv_cmd, on, remove_containers
 

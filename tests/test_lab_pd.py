@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from railyard.inventory import load_inventory
-from railyard.lab.checkpoint import write_checkpoint
-from railyard.ops import pd as P
-from railyard.runner import Runner
+from railyard_lab.checkpoint import write_checkpoint
+from railyard.layouts.pd import proof as P
+from railyard.transport.runner import Runner
 
 from .conftest import home, inv_cmd, on, pd_inventory
 
@@ -46,8 +46,8 @@ def remove_all():
 
 @pytest.fixture(scope="module")
 def pd(lab_inventory):
-    from railyard import lab
-    from railyard.lab import faults
+    import railyard_lab as lab
+    from railyard_lab import faults
     faults.heal()
     path = lab.up(3, log=lambda *_: None, shape="hgx8")
     for h in ("A", "B", "C"):
@@ -87,7 +87,7 @@ def test_health_times_a_request_through_both_pools_and_verify_rdma_sees_rdma(pd)
 
 def test_a_short_prompt_is_not_taken_as_proof(pd):
     inventory = load_inventory(pd)
-    from railyard.launch import build_plan
+    from railyard.verbs.serve import build_plan
     with Runner(inventory.hosts) as runner:
         plan = build_plan(inventory, runner)
         short = P.prove(plan, runner, 8)
@@ -108,7 +108,7 @@ def test_a_dtype_mismatch_is_refused_statically_and_at_run_time_names_the_hash(p
         inventory = load_inventory(pd)
         from dataclasses import replace
 
-        from railyard.launch import build_plan
+        from railyard.verbs.serve import build_plan
         from railyard.render.docker import run_line
         with Runner(inventory.hosts) as runner:
             plan = build_plan(inventory, runner)
@@ -129,7 +129,7 @@ def test_a_dtype_mismatch_is_refused_statically_and_at_run_time_names_the_hash(p
 def test_a_killed_prefill_instance_is_routed_around_and_named_by_health(pd):
     on("B", f"docker kill {DEP}-prefill-3")
     inventory = load_inventory(pd)
-    from railyard.launch import build_plan
+    from railyard.verbs.serve import build_plan
     with Runner(inventory.hosts) as runner:
         plan = build_plan(inventory, runner, strict=False)
         # the router's health check (every pd_proxy_health_interval_s, 2 s in the lab) takes it out
@@ -159,7 +159,7 @@ def test_a_decode_instance_over_two_hosts_serves_and_dies_whole(pd):
     assert sorted(map(int, kv["decode-0-node1"]["kv_per_rank"])) == list(range(8, 16))
     # the head's /metrics carries every rank's NIXL transfers, the headless ones' too
     inventory = load_inventory(two)
-    from railyard.launch import build_plan
+    from railyard.verbs.serve import build_plan
     with Runner(inventory.hosts) as runner:
         plan = build_plan(inventory, runner)
         assert P.exercise(plan, runner, 40) == 32

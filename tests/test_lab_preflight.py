@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from railyard.inventory import load_inventory
-from railyard.lab import faults, lab_dir, lab_host
-from railyard.preflight import run_preflight
+from railyard_lab import faults, lab_dir, lab_host
+from railyard.verbs.preflight import run_preflight
 
 from .conftest import inv_cmd
 
@@ -307,7 +307,7 @@ def _snapshot(root: Path) -> dict:
 
 
 def test_preflight_changes_nothing_on_the_hosts(healthy_lab):
-    from railyard.lab import in_host
+    from railyard_lab import in_host
     hosts_dir = lab_dir() / "hosts"
     net_before = {h: in_host(lab_host(lab_dir(), h), "ip", "-d", "addr").stdout for h in ("A", "B")}
     before = _snapshot(hosts_dir)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from railyard.lab import components, lab_dir, lab_host, ssh_argv
+from railyard_lab import components, lab_dir, lab_host, ssh_argv
 
 from .conftest import REAL_LIMIT_S, home, inv_cmd, on, processes_of, real_lab
 

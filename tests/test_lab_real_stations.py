@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from railyard.lab import components
+from railyard_lab import components
 
 from .conftest import REAL_LIMIT_S, home, inv_cmd, on, processes_of, real_lab
 from .test_bench import _png_text
@@ -147,7 +147,7 @@ def test_a_stopped_worker_is_named_hung_within_18_s_while_health_answers_and_con
     here). SIGCONT and it serves again."""
     import time
 
-    from railyard.lab import faults
+    from railyard_lab import faults
     inv, _ = served
     try:
         assert run("lab.fault", "B", "engine-hang", inv=inv).returncode == 0

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from railyard.lab.checkpoint import write_checkpoint
+from railyard_lab.checkpoint import write_checkpoint
 
 from .conftest import home, inv_cmd, on
 
@@ -50,7 +50,7 @@ def inv(path, *args, timeout=300):
 
 
 def load(seconds: float) -> subprocess.Popen:
-    from railyard import lab
+    import railyard_lab as lab
     root = lab.lab_dir()
     argv = lab.ssh_argv(root, lab.lab_host(root, "A"), [f"python3 - {seconds}"])
     p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -109,9 +109,9 @@ def test_the_cache_proof_fails_when_a_replica_keys_its_blocks_differently(deploy
     assert "PYTHONHASHSEED=0" in line
     from dataclasses import replace
     from railyard.inventory import load_inventory
-    from railyard.launch import build_plan
+    from railyard.verbs.serve import build_plan
     from railyard.render.docker import run_line
-    from railyard.runner import Runner
+    from railyard.transport.runner import Runner
     inv_ = load_inventory(deployed, ["serve_layout=replicas"])
     with Runner(inv_.hosts[:1]) as runner:
         plan = build_plan(inv_, runner)

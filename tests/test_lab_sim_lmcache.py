@@ -14,8 +14,8 @@ import shlex
 import pytest
 
 from railyard import facts as F
-from railyard import lab
-from railyard.lab.checkpoint import write_checkpoint
+import railyard_lab as lab
+from railyard_lab.checkpoint import write_checkpoint
 
 from .conftest import home, on, remove_containers, wait_for
 
@@ -184,7 +184,7 @@ def test_litellm_proxy_routes_to_a_replica(lmc):
 
 
 def test_lab_up_sweeps_the_kv_segments_of_lmcache_clients_that_are_gone(tmp_path):
-    from railyard.lab import _sweep_shm
+    from railyard_lab import _sweep_shm
     dead = 4194304 + 7  # above Linux's pid_max: never a live process
     for name in (f"lmcache_kv_{dead}_0", f"lmcache_kv_{dead}_1", f"lmcache_kv_{os.getpid()}_0", "faketime_shm_1"):
         (tmp_path / name).write_bytes(b"\0" * 16)

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from railyard import facts as F
-from railyard import lab
-from railyard.lab.checkpoint import write_checkpoint
+import railyard_lab as lab
+from railyard_lab.checkpoint import write_checkpoint
 
 from .conftest import home, on, remove_containers, wait_for
 
@@ -82,7 +82,7 @@ def xfers(host, port):
 
 @pytest.fixture(scope="module")
 def pd(lab_inventory):
-    from railyard.lab import faults
+    from railyard_lab import faults
     faults.heal()
     lab.up(3, log=lambda *_: None, shape="hgx8")
     for h in HOSTS:

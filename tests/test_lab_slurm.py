@@ -23,8 +23,8 @@ NAME = "glm53-full"
 
 @pytest.fixture(scope="module")
 def slurm(lab_inventory):
-    from railyard import lab
-    from railyard.lab import slurm as slurm_lab
+    import railyard_lab as lab
+    from railyard_lab import slurm as slurm_lab
     t0 = time.monotonic()
     lab.up(2, log=lambda *_: None, slurm=True)
     print(f"\nlab Slurm up (2 idle nodes) in {time.monotonic() - t0:.1f} s")
@@ -98,7 +98,7 @@ def test_test_only_refuses_a_layout_with_more_gpus_per_node_than_the_nodes_have(
 def test_a_rank_that_fails_its_gate_ends_the_job_and_leaves_nothing(slurm, tmp_path):
     import shutil
 
-    from railyard.lab.checkpoint import write_checkpoint
+    from railyard_lab.checkpoint import write_checkpoint
 
     from .conftest import home
     inv, env = slurm
@@ -120,10 +120,10 @@ def test_a_rank_that_fails_its_gate_ends_the_job_and_leaves_nothing(slurm, tmp_p
 def test_prefill_and_decode_run_as_a_heterogeneous_job_on_three_hosts(lab_inventory, tmp_path):
     """The pd layout (prefill A and B with two instances each, decode C, the real vllm-router on A): one
     component per pool; the pools start, then the proxy; inv health's request goes through the proxy."""
-    from railyard import lab
-    from railyard.lab import faults
-    from railyard.lab import slurm as slurm_lab
-    from railyard.lab.checkpoint import write_checkpoint
+    import railyard_lab as lab
+    from railyard_lab import faults
+    from railyard_lab import slurm as slurm_lab
+    from railyard_lab.checkpoint import write_checkpoint
 
     from .conftest import home, pd_inventory
     faults.heal()

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from railyard.inventory import load_inventory
-from railyard.lab import lab_dir
-from railyard.lab.checkpoint import shard_name, write_checkpoint
-from railyard.sync import SyncOptions, sync_model
+from railyard_lab import lab_dir
+from railyard_lab.checkpoint import shard_name, write_checkpoint
+from railyard.verbs.sync import SyncOptions, sync_model
 
 from .conftest import ROOT, as_a_terminal_job, inv_cmd, wait_for
 
@@ -195,7 +195,7 @@ def test_ctrl_c_stops_the_copy_at_once_and_the_next_run_resumes(fresh):
 
 
 def test_a_rail_that_drops_mid_copy_fails_that_target_in_bounded_time(fresh):
-    from railyard.lab import faults
+    from railyard_lab import faults
     result = {}
     inv = load_inventory(fresh, ["sync_io_timeout_s=5"])
     t = threading.Thread(target=lambda: result.setdefault("rep", sync_model(inv, SyncOptions(streams=1, bwlimit_mbps=20),

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from railyard import rsyncd
+from railyard.verbs import rsyncd
 from railyard.inventory import load_inventory
-from railyard.runner import Runner
-from railyard.sync import SyncOptions, rsync_args, sync_model
+from railyard.transport.runner import Runner
+from railyard.verbs.sync import SyncOptions, rsync_args, sync_model
 
 from .conftest import ROOT, as_a_terminal_job, home, inv_cmd, wait_for
 from . import test_lab_sync

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from railyard.lab import faults
+from railyard_lab import faults
 
 from .conftest import ROOT, inv_cmd, on, station_ready, wait_for
 

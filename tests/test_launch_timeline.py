@@ -10,12 +10,13 @@ import re
 
 from rich.console import Console
 
-from railyard import cli, launch as L
-from railyard.ops import launch as ops
-from railyard.ops import timeline as T
+from railyard import cli
+from railyard.verbs import serve as L
+from railyard.apply import executor as ops
+from railyard.apply import timeline as T
 from railyard.report import launch_report
-from railyard.runner import Runner
-from railyard.serving.vllm import MILESTONE_GREP
+from railyard.transport.runner import Runner
+from railyard.engines.vllm import MILESTONE_GREP
 
 from .conftest import real
 from .test_ops_launch import Docker, current

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from railyard.errors import LaunchError
-from railyard.ops import lock
+from railyard.apply import lock
 from railyard.transport import LocalSession
 
 from .test_probe_transport import local_host

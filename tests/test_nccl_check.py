@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from railyard.lab import faults
-from railyard.lab.checkpoint import write_checkpoint
-from railyard.ncclcheck import parse_probe, summarize
+from railyard_lab import faults
+from railyard_lab.checkpoint import write_checkpoint
+from railyard.verbs.nccl_check import parse_probe, summarize
 
 from .conftest import REAL, ROOT, as_a_terminal_job, home, inv_cmd, on, remove_containers
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from railyard.nccl import judge, judge_intranode
+from railyard.checks.nccl import judge, judge_intranode
 
 from .conftest import REAL, inv_cmd
 
@@ -226,7 +226,7 @@ def test_several_messages_on_one_physical_line_are_each_read():
     assert (bad.verdict, bad.net_transport) == ("fail", "Socket")
     spliced = (PUB / "vllm-tp2-one-host_p2p-cumem_nccl2.28.9.log").read_text().splitlines()[41]
     assert spliced.count("NCCL INFO") == 2
-    from railyard.nccl import _messages
+    from railyard.checks.nccl import _messages
     assert [m for _, m, _ in _messages(spliced)] == ["NVLS multicast support is not available on",
                                                      "ENV/Plugin: Could not find: libnccl-env.so"]
 
@@ -306,7 +306,7 @@ def test_no_channel_line_is_never_a_pass():
 def test_the_minimum_nccl_applies_only_where_its_deadlock_lives(log, extra, old):
     """vLLM #52504: cross-node CUDA-graph replays over RoCE deadlock with NCCL 2.28.9 (fixed in 2.30.4), and the
     same setup serves with --enforce-eager: an older NCCL elsewhere is no reason to fail a rank."""
-    from railyard.verify import old_nccl_reason
+    from railyard.verbs.verify import old_nccl_reason
 
     from .test_plan import station_plan
     _, plan, _ = station_plan(f"vllm_extra_args={json.dumps(extra)}")

@@ -8,8 +8,8 @@ import sys
 import time
 
 from railyard import report as R
-from railyard.nccl import judge_intranode
-from railyard.ncclcheck import PROBE, OneHostReport, SizeResult, local_probe_line, parse_probe, summarize
+from railyard.checks.nccl import judge_intranode
+from railyard.verbs.nccl_check import PROBE, OneHostReport, SizeResult, local_probe_line, parse_probe, summarize
 
 from .conftest import REAL
 from .test_plan import docker_parses, hgx_plan

@@ -4,7 +4,7 @@ Origins: fixtures/real/nccl/public/ORIGINS.md, section "The lab simulator's thre
 
 import pytest
 
-from railyard.nccl import judge
+from railyard.checks.nccl import judge
 
 from .conftest import REAL
 

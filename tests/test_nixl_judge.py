@@ -1,7 +1,7 @@
-"""The NIXL judge (railyard.nixl) on UCX's endpoint lines: RDMA on a rail HCA passes, TCP or an
+"""The NIXL judge (railyard.checks.nixl) on UCX's endpoint lines: RDMA on a rail HCA passes, TCP or an
 off-rail device fails, no endpoint at all is never a pass."""
 
-from railyard.nixl import judge
+from railyard.checks.nixl import judge
 
 from .conftest import FIXTURES
 

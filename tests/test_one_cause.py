@@ -7,7 +7,7 @@ import ipaddress
 
 from railyard import checks as C
 from railyard.inventory import Host, Rail
-from railyard.probe import Output
+from railyard.facts.probe import Output
 
 from .conftest import REAL
 

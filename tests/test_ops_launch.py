@@ -7,12 +7,12 @@ import re
 import pytest
 
 from railyard.errors import LaunchError
-from railyard.ops import launch as ops
-from railyard.ops.envfiles import EnvFile
+from railyard.apply import executor as ops
+from railyard.apply.envfiles import EnvFile
 from railyard.render import docker
-from railyard.runner import Runner
-from railyard.serving import hostfacts
-from railyard.probe import answer
+from railyard.transport.runner import Runner
+from railyard.facts import host as hostfacts
+from railyard.facts.probe import answer
 from railyard.transport import FakeSession
 
 from .conftest import real

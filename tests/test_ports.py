@@ -11,10 +11,10 @@ import sys
 
 from railyard import checks as C
 from railyard.inventory import Host, load_inventory
-from railyard.preflight import PORT_SCRIPT, plan_dials, ports_section
-from railyard.probe import Output
+from railyard.verbs.preflight import PORT_SCRIPT, plan_dials, ports_section
+from railyard.facts.probe import Output
 from railyard.render import docker
-from railyard.serving.spec import Dial
+from railyard.plan.spec import Dial
 
 from .conftest import ROOT
 from .test_pd_plan import _two_host_decode, pd_plan

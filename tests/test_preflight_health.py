@@ -6,7 +6,7 @@ FORMATS-ORIGINS.md."""
 from railyard import checks as C
 from railyard import facts as F
 from railyard.inventory import Host
-from railyard.probe import Output
+from railyard.facts.probe import Output
 
 from .conftest import REAL
 
@@ -228,7 +228,7 @@ def test_one_nvidia_smi_call_answers_both_the_gpu_and_the_health_check():
 
 def test_a_loose_clock_sample_is_taken_again_on_the_open_connection():
     import time
-    from railyard.preflight import _tighter_clock
+    from railyard.verbs.preflight import _tighter_clock
     from railyard.transport import FakeSession
     s = FakeSession(host(), {"date +%s.%N": lambda _: (0, f"{time.time() + 0.25:.6f}\n")})
     got = _tighter_clock(s, C.ClockSample(3.0, 1.5), 0.5)     # read in a 3 s round trip: too loose for 0.5 s
@@ -241,8 +241,8 @@ def test_a_probe_that_missed_its_limit_is_asked_again_alone_and_its_second_answe
     """A healthy host that runs every probe at once on a loaded machine can miss a limit: a timeout is not a
     verdict, so the unfinished probes (a section, or one peer inside it) run once more, on their own."""
     import re
-    from railyard.preflight import _asked_again
-    from railyard.probe import Output, Section, answer
+    from railyard.verbs.preflight import _asked_again
+    from railyard.facts.probe import Output, Section, answer
     from railyard.transport import FakeSession
     sections = [Section("docker_version", "docker version", "docker"), Section("ip_link", "ip -o link show", "ip"),
                 Section("ssh_peer", "fan out", "ssh")]
@@ -264,8 +264,8 @@ def test_ssh_peer_is_asked_again_only_for_the_peers_that_hung_with_twice_the_lim
     16 s, and the others' first answers kept beside its second one."""
     import re
     from railyard.inventory import load_inventory
-    from railyard.preflight import SSH_PEER_HANG_S, _asked_again, ssh_peer_again, ssh_peer_section
-    from railyard.probe import answer
+    from railyard.verbs.preflight import SSH_PEER_HANG_S, _asked_again, ssh_peer_again, ssh_peer_section
+    from railyard.facts.probe import answer
     from railyard.transport import FakeSession
     from .conftest import ROOT
     inv = load_inventory(ROOT / "inventory" / "pd-3x-b300.yml")
@@ -277,7 +277,7 @@ def test_ssh_peer_is_asked_again_only_for_the_peers_that_hung_with_twice_the_lim
     got = _asked_again(s, [section], first, {"ssh_peer": ssh_peer_again(inv.workers)})
     (script,) = s.calls
     assert f"timeout {2 * SSH_PEER_HANG_S} ssh" in script and a in script and b not in script
-    from railyard.probe import split_blocks
+    from railyard.facts.probe import split_blocks
     assert split_blocks(got["ssh_peer"].text) == {a: (0, slow.name), b: (0, fine.name)}
     res = C.check_ssh_peer(inv.head, got["ssh_peer"], inv.workers)
     assert res.status == C.PASS, res
@@ -300,8 +300,8 @@ def test_ssh_s_own_connect_timeout_is_asked_again_and_named_for_what_it_is():
     # seen on a 24-host lab with a core kept busy: every peer's sshd too slow for ConnectTimeout=5
     import re
     from railyard.inventory import load_inventory
-    from railyard.preflight import _asked_again, ssh_peer_again, ssh_peer_section
-    from railyard.probe import answer
+    from railyard.verbs.preflight import _asked_again, ssh_peer_again, ssh_peer_section
+    from railyard.facts.probe import answer
     from railyard.transport import FakeSession
     from .conftest import ROOT
     inv = load_inventory(ROOT / "inventory" / "pd-3x-b300.yml")

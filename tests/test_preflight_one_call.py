@@ -8,8 +8,8 @@ import json
 
 from railyard import checks as C
 from railyard import facts as F
-from railyard.preflight import _apps_output, _versions
-from railyard.probe import Output
+from railyard.verbs.preflight import _apps_output, _versions
+from railyard.facts.probe import Output
 
 from .conftest import REAL
 from .test_preflight_health import host

@@ -14,7 +14,7 @@ import pytest
 
 from railyard import checks as C
 from railyard import facts as F
-from railyard import lab
+import railyard_lab as lab
 
 from .conftest import REAL
 from .test_preflight_health import IBV, LSPCI, gdr_out, rail_host
@@ -129,7 +129,7 @@ def test_the_probe_reads_sysfs_only_when_ethtool_shows_no_rail_counter(tmp_path)
     """The section's shell, run here against a fake ethtool and a fake sysfs tree: the first form prints the
     driver's counters, the second (only veth-like names) falls back to the statistics directory."""
     import subprocess
-    from railyard.preflight import counters_script
+    from railyard.verbs.preflight import counters_script
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     stats = tmp_path / "sys" / "statistics"

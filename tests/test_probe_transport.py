@@ -3,8 +3,8 @@
 import subprocess
 
 from railyard.inventory import Host
-from railyard.probe import Section, fan_out, joined_script, new_token, split_blocks, split_output
-from railyard.runner import Runner
+from railyard.facts.probe import Section, fan_out, joined_script, new_token, split_blocks, split_output
+from railyard.transport.runner import Runner
 from railyard.transport import LocalSession, RemotePath, cmd, q
 
 

@@ -10,14 +10,14 @@ import yaml
 
 from railyard import facts as F
 from railyard.inventory import load_inventory
-from railyard.ops import replicas as R
+from railyard.layouts.replicas import recover as R
 from railyard.render import compose, docker
 from railyard.errors import UsageError
-from railyard.replicas import PROOF_WORDS_AUTO, context_length, judge_registrations, proof_length
-from railyard.serving import layouts
-from railyard.serving.hostfacts import HostFacts
-from railyard.serving.litellm import parse_health
-from railyard.serving.lmcache import parse_status
+from railyard.layouts.replicas.health import PROOF_WORDS_AUTO, context_length, judge_registrations, proof_length
+from railyard.plan import layout as layouts
+from railyard.facts.host import HostFacts
+from railyard.engines.litellm import parse_health
+from railyard.engines.lmcache import parse_status
 
 from .conftest import FIXTURES, ROOT, inv_cmd
 from .test_plan import NUMA, docker_parses

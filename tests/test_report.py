@@ -10,13 +10,13 @@ from invoke.exceptions import Exit
 
 from railyard import cli
 from railyard import report as R
-from railyard.capacity import LayoutPlan, Plan, plan_json
+from railyard.verbs.capacity import LayoutPlan, Plan, plan_json
 from railyard.checks import CheckResult
 from railyard.errors import LaunchError, UsageError
-from railyard.nccl import RankVerdict
-from railyard.ncclcheck import CheckReport, SizeResult
-from railyard.sync import CopyPlan, Difference, FileInfo, Manifest, SyncReport, TargetResult
-from railyard.verify import Probe, RankHealth
+from railyard.checks.nccl import RankVerdict
+from railyard.verbs.nccl_check import CheckReport, SizeResult
+from railyard.verbs.sync import CopyPlan, Difference, FileInfo, Manifest, SyncReport, TargetResult
+from railyard.verbs.verify import Probe, RankHealth
 
 CHECK_KEYS = {"host", "check", "status", "detail", "evidence", "hint"}
 
@@ -286,7 +286,7 @@ def no_inventory(monkeypatch):
 
 
 def test_status_task_a_failed_check_exits_1_with_one_document(capsys, monkeypatch, no_inventory):
-    from railyard import launch
+    from railyard.verbs import serve as launch
     monkeypatch.setattr(launch, "status", lambda inv: [status_row("A", 0), status_row("B", 1, running=False)])
     code, out, err = run_task(capsys, cli.status, None, True)
     doc = json.loads(out)  # exactly one document
@@ -296,7 +296,7 @@ def test_status_task_a_failed_check_exits_1_with_one_document(capsys, monkeypatc
 
 
 def test_health_and_verify_tasks(capsys, monkeypatch, no_inventory):
-    from railyard import verify
+    from railyard.verbs import verify
     plan = type("P", (), {"endpoint": type("E", (), {"host": "A", "service": "rank0"})(), "layout": "multinode_tp",
                           "verifiers": ("rdma",), "hosts": lambda self: ["A", "B"]})()
     monkeypatch.setattr(verify, "health", lambda inv, proof=0: (plan, *health_data(dead="B")))
@@ -311,7 +311,7 @@ def test_health_and_verify_tasks(capsys, monkeypatch, no_inventory):
 
 
 def test_nccl_check_task(capsys, monkeypatch, no_inventory):
-    from railyard import ncclcheck
+    from railyard.verbs import nccl_check as ncclcheck
     monkeypatch.setattr(ncclcheck, "nccl_check", lambda *a: nccl_rep(fraction=0.3))
     code, out, _ = run_task(capsys, cli.nccl_check, None, None, None, True)
     doc = json.loads(out)
@@ -320,7 +320,7 @@ def test_nccl_check_task(capsys, monkeypatch, no_inventory):
 
 def test_an_error_before_any_check_is_one_document_exit_1_a_usage_error_prints_nothing(capsys, monkeypatch,
                                                                                        no_inventory):
-    from railyard import launch
+    from railyard.verbs import serve as launch
 
     def unreachable(inv):
         raise LaunchError("B: unreachable: no route to host")

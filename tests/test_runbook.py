@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from railyard import lab
-from railyard.lab import faults
-from railyard.lab.checkpoint import write_checkpoint
+import railyard_lab as lab
+from railyard_lab import faults
+from railyard_lab.checkpoint import write_checkpoint
 
 from .conftest import ROOT, home, inv_cmd, on, pd_inventory, remove_containers
 

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from railyard.lab.sim import tools
+from railyard_lab.sim import tools
 
 from .conftest import REAL
 
@@ -60,7 +60,7 @@ def test_each_line_becomes_one_record_stamped_when_it_was_read(container):
     assert len(recs) == 5 and set(recs[0]) == {"log", "stream", "time"}
     assert out[0]["log"].endswith("Starting vLLM server\n") and err["log"].startswith("Triton is installed")
     assert all(len(tools._fixed_time(r["time"])) == len("2026-12-02T03:43:23.570115758Z") for r in recs)
-    from railyard.ops.timeline import parse_stamp
+    from railyard.apply.timeline import parse_stamp
     assert parse_stamp(err["time"]) - parse_stamp(out[0]["time"]) >= 0.25  # the time it was written, not read later
     # a line longer than the driver's 16 KiB buffer is kept in pieces, the newline on the last
     assert len(out[1]["log"]) == 16 * 1024 and out[2]["log"] == "x" * (20000 - 16 * 1024) + "\n"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from railyard import rsyncd
+from railyard.verbs import rsyncd
 from railyard.errors import InventoryError
 from railyard.inventory import Host, Rail, load_inventory
-from railyard.sync import rsync_args
+from railyard.verbs.sync import rsync_args
 from railyard.transport import LocalSession
 
 from .test_inventory import BASE, write

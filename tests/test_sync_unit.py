@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from railyard.inventory import Host, Rail, load_inventory
-from railyard.sync import (FileInfo, Manifest, check_model, diff, download_command, parse_bytes_sent, parse_manifest,
-                           parse_progress, plan_copy, rsync_command, split_streams)
-from railyard.lab.checkpoint import write_checkpoint
-from railyard.sync import MANIFEST_SCRIPT
+from railyard.verbs.sync import (FileInfo, Manifest, check_model, diff, download_command, parse_bytes_sent,
+                                 parse_manifest, parse_progress, plan_copy, rsync_command, split_streams)
+from railyard_lab.checkpoint import write_checkpoint
+from railyard.verbs.sync import MANIFEST_SCRIPT
 
 from .conftest import ROOT, real
 

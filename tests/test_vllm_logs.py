@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from railyard.ops import launch as ops
-from railyard.ops import timeline as T
-from railyard.serving.spec import Gate
-from railyard.serving.vllm import KV_LINE, MILESTONES, engine_kv, milestone_of, parse_kv_cache
+from railyard.apply import executor as ops
+from railyard.apply import timeline as T
+from railyard.plan.spec import Gate
+from railyard.engines.vllm import KV_LINE, MILESTONES, engine_kv, milestone_of, parse_kv_cache
 
 from .conftest import real
 from .test_plan import hgx_plan, station_plan

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from railyard import lab
+import railyard_lab as lab
 
 from .conftest import on
 

@@ -5,7 +5,7 @@ concurrency, from the control machine.
 
 Before any load: the endpoint's /health (down: run `inv health`) and an authenticated /v1/models
 (401/403: the key is refused), both from the endpoint's host with the key from its file there
-(railyard.ops.http). The key then travels to AIPerf on a pipe (railyard/bench/aiperf_main.py),
+(railyard.transport.http). The key then travels to AIPerf on a pipe (railyard/bench/aiperf_main.py),
 never in argv, a log or the summary. AIPerf reaches the endpoint through an SSH tunnel when it
 listens on loopback, else directly. The tokenizer is the checkpoint's own files, copied from the
 host (offline; no hub at run time). With a sweep, each value of one launch flag is a relaunch
@@ -28,15 +28,15 @@ from pathlib import Path
 
 from invoke.exceptions import ThreadException
 
-from .. import launch as launching
+from ..verbs import serve as launching
 from ..errors import UsageError
 from ..inventory import Inventory, load_inventory
-from ..ops.containers import inspect
-from ..ops.http import request
+from ..facts.docker import inspect
+from ..transport.http import request
 from ..render.docker import config_hash
-from ..runner import Runner
-from ..serving import layouts
-from ..serving.spec import Endpoint, LaunchPlan
+from ..transport.runner import Runner
+from ..plan import layout as layouts
+from ..plan.spec import Endpoint, LaunchPlan
 from ..transport import CommandFailed, RemotePath, Session, cmd, q, read_remote, write_remote
 from . import aiperf
 from .aiperf import BenchError, Load, Point

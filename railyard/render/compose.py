@@ -2,7 +2,7 @@
 plan service (the same image, program, arguments, environment, GPUs by UUID, CPU set, mounts),
 a healthcheck from each service's HTTP ready gates, and `depends_on: condition: service_healthy`
 on every service of the stage before. No restart policy, as `inv launch` sets none: `inv recover` decides how a crashed
-replica comes back (see railyard.ops.replicas). Secrets become compose secrets read at start (never in
+replica comes back (see railyard.layouts.replicas.recover). Secrets become compose secrets read at start (never in
 the environment section); rendered files (the router's config) are written beside the file.
 
     files = render(plan)   # {relative path: content}; docker-compose.yml first
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import yaml
 
-from ..serving.spec import LaunchPlan, Service
+from ..plan.spec import LaunchPlan, Service
 from . import walk
 from .docker import refs
 from .walk import value

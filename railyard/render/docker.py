@@ -7,7 +7,7 @@ carries the spec hash so `inv launch` can tell a running container of the same p
 
 from __future__ import annotations
 
-from ..serving.spec import GpuRequest, LaunchPlan, Service, spec_hash
+from ..plan.spec import GpuRequest, LaunchPlan, Service, spec_hash
 from ..transport import q
 from . import walk
 from .walk import value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..serving.spec import LaunchPlan, Service
+from ..plan.spec import LaunchPlan, Service
 from . import templates
 
 

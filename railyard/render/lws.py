@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import yaml
 
 from ..errors import UsageError
-from ..serving.spec import LaunchPlan, Secret, Service, is_loopback
-from ..serving.vllm import ib_hca_device
+from ..plan.spec import LaunchPlan, Secret, Service, is_loopback
+from ..engines.vllm import ib_hca_device
 from ..transport import q
 from . import walk
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ..errors import UsageError
-from ..serving.spec import MODEL_DIR, PORT, LaunchPlan, Ref
+from ..plan.spec import MODEL_DIR, PORT, LaunchPlan, Ref
 from . import templates
 
 def _knobs(command) -> tuple[list[tuple[str, str, str]], list[str]]:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from ..inventory import Inventory
-from ..serving.spec import LaunchPlan, Service
-from ..serving.vllm import ib_hca_device
+from ..plan.spec import LaunchPlan, Service
+from ..engines.vllm import ib_hca_device
 from ..transport import q
 from . import walk
 from .docker import run_argv

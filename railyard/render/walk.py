@@ -18,8 +18,8 @@ from typing import Callable, Iterator
 
 from .. import facts as F
 from ..inventory import Inventory
-from ..serving.hostfacts import HostFacts
-from ..serving.spec import ContainerSpec, LaunchPlan, Ref, Secret, Service, Value
+from ..facts.host import HostFacts
+from ..plan.spec import ContainerSpec, LaunchPlan, Ref, Secret, Service, Value
 from ..transport import q
 
 

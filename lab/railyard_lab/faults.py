@@ -1,0 +1,504 @@
+"""Inject and heal faults on lab hosts: real where the lab allows it (MTU, link, address,
+sshd, host key, disk, a live process), a state file the simulated tools read otherwise.
+
+Each active fault is recorded in the host's `state/faults.json` so `heal` undoes exactly it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+from railyard.errors import UsageError
+from . import (SIM_TOOLS, LabError, LabHost, _pid_alive, hosts_of, in_host, lab_dir, lab_host,
+               restart_sshd, sh, start_sshd, stop_sshd)
+
+
+def _faults_file(h: LabHost) -> Path:
+    return h.state / "faults.json"
+
+
+def active(h: LabHost) -> dict[str, str]:
+    try:
+        return json.loads(_faults_file(h).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _record(h: LabHost, kind: str, value: str | None) -> None:
+    faults = active(h)
+    if value is None:
+        faults.pop(kind, None)
+    else:
+        faults[kind] = value
+    _faults_file(h).write_text(json.dumps(faults))
+
+
+def _write(h: LabHost, name: str, text: str) -> None:
+    (h.state / name).write_text(text)
+
+
+def _remove(h: LabHost, name: str) -> None:
+    (h.state / name).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- each fault: (inject, heal)
+
+def _rail_ip(h: LabHost) -> str:
+    return f"{h.rail_ip(h.serve_rail)}/24"
+
+
+def _mtu(h, value):
+    mtu = value or "1500"
+    if not mtu.isdigit():
+        raise UsageError(f"lab.fault mtu: {mtu!r} is not an MTU")
+    in_host(h, "ip", "link", "set", h.serve_rail, "mtu", mtu)
+    return mtu
+
+
+def _mtu_heal(h, value):
+    in_host(h, "ip", "link", "set", h.serve_rail, "mtu", "9000")
+
+
+def _mtu_blackhole(h, value):
+    """A switch on the path below the rails' MTU: the bridge port of this host's serving rail (its root-namespace
+    veth end) drops every frame larger than N (default 1500) silently, both ways; both hosts keep MTU 9000."""
+    mtu = value or "1500"
+    if not mtu.isdigit():
+        raise UsageError(f"lab.fault mtu-blackhole: {mtu!r} is not an MTU")
+    subprocess.run(["ip", "link", "set", h.veth(h.serve_rail), "mtu", mtu], check=True)
+    return mtu
+
+
+def _mtu_blackhole_heal(h, value):
+    subprocess.run(["ip", "link", "set", h.veth(h.serve_rail), "mtu", "9000"], check=False)
+
+
+def _rail_loss(h, value):
+    """A marginal optic or cable on the serving rail: the host drops every Nth frame over 1500 bytes that arrives
+    on it (default 3), in the kernel (nftables), before ping or any program sees it. Large frames only, as bit errors
+    hit them first: small frames still pass, so preflight reports loss, not a dead path. Each kind of frame has its
+    own count (echo requests, echo replies, the rest: one numgen per rule), so the first large echo of each ping run
+    is lost whatever else crosses the rail at the same time (an SSH session over it, a peer's own ping)."""
+    n = value or "3"
+    if not n.isdigit() or int(n) < 2:
+        raise UsageError(f"lab.fault rail-loss: {n!r} is not N >= 2 (drop every Nth large frame)")
+    drop = f"iifname {h.serve_rail} meta length > 1500"
+    rules = (f"table inet railyard_lab_loss {{ chain input {{ type filter hook input priority 0; "
+             f"{drop} icmp type echo-request numgen inc mod {n} == 0 counter drop; "
+             f"{drop} icmp type echo-reply numgen inc mod {n} == 0 counter drop; "
+             f"{drop} meta l4proto != icmp numgen inc mod {n} == 0 counter drop; }}; }}")
+    in_host(h, "nft", "-f", "-", input=rules)
+    return n
+
+
+def _rail_loss_heal(h, value):
+    in_host(h, "nft", "delete", "table", "inet", "railyard_lab_loss", check=False)
+
+
+def _port_block(h, value):
+    """A host firewall on the serving rail: the host drops every TCP connection to PORT that arrives on it (nftables,
+    in the kernel: the SYN gets no answer, as with a DROP rule). ICMP, SSH and every other port still pass."""
+    port = value or "29501"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"lab.fault port-block: {port!r} is not a TCP port")
+    in_host(h, "nft", "-f", "-", input=f"table inet railyard_lab_ports {{ chain input {{ type filter hook input "
+                                         f"priority 0; iifname {h.serve_rail} tcp dport {port} counter drop; }}; }}")
+    return port
+
+
+def _port_block_heal(h, value):
+    in_host(h, "nft", "delete", "table", "inet", "railyard_lab_ports", check=False)
+
+
+def _link_down(h, value):
+    in_host(h, "ip", "link", "set", h.serve_rail, "down")
+    return "down"
+
+
+def _link_heal(h, value):
+    in_host(h, "ip", "link", "set", h.serve_rail, "up")
+
+
+def _mgmt_down(h, value):
+    """The management link goes away under open SSH sessions: no RST, their packets just stop."""
+    in_host(h, "ip", "link", "set", "mgmt0", "down")
+    return "down"
+
+
+def _mgmt_heal(h, value):
+    in_host(h, "ip", "link", "set", "mgmt0", "up")
+
+
+def _no_ip(h, value):
+    in_host(h, "ip", "addr", "flush", "dev", h.serve_rail)
+    return _rail_ip(h)
+
+
+def _no_ip_heal(h, value):
+    have = in_host(h, "ip", "-br", "-4", "addr", "show", "dev", h.serve_rail).stdout
+    if _rail_ip(h) not in have:
+        in_host(h, "ip", "addr", "add", _rail_ip(h), "dev", h.serve_rail)
+
+
+def _gid_index(h, value):
+    v = value or "5"
+    if v != "none" and not (v.isdigit() and int(v) >= 3 and int(v) % 2 == 1):
+        raise UsageError(f"lab.fault gid-index: {v!r}: an odd index >= 3 (where the IPv4 RoCE v2 GID lands), or none")
+    _write(h, "gid-index", v)
+    return v
+
+
+def _state_heal(name):
+    return lambda h, value: _remove(h, name)
+
+
+def _ntp(h, value):
+    _write(h, "ntp", "no")
+    return "no"
+
+
+def _clock_skew(h, value):
+    secs = value or "30"
+    try:
+        float(secs)
+    except ValueError:
+        raise UsageError(f"lab.fault clock-skew: {secs!r} is not a number of seconds")
+    _write(h, "clock-skew", f"{'+' if not secs.startswith('-') else ''}{secs}")
+    restart_sshd(h)  # sessions pick the shifted clock up from sshd's SetEnv
+    return secs
+
+
+def _clock_heal(h, value):
+    _remove(h, "clock-skew")
+    restart_sshd(h)
+
+
+def _shape(h: LabHost) -> dict:
+    try:
+        return json.loads(h.shape_file.read_text())
+    except (OSError, ValueError):
+        raise LabError(f"lab: host {h.name} has no shape file: run `inv lab.up`")
+
+
+def _compute_gpus(h: LabHost) -> list[int]:
+    """Indices (as nvidia-smi numbers them) of the host's compute GPUs, never a display GPU."""
+    return [i for i, g in enumerate(_shape(h)["gpus"]) if not g["display"]]
+
+
+def _gpu_busy(h, value):
+    """MIB (on the host's first compute GPU: the GB300 of a station, GPU 0 of an hgx8) or MIB@INDEX."""
+    mib_s, _, idx_s = (value or "8710").partition("@")
+    targets = _compute_gpus(h)
+    if not mib_s.isdigit() or (idx_s and not (idx_s.isdigit() and int(idx_s) in targets)):
+        raise UsageError(f"lab.fault gpu-busy: {value!r}: MIB or MIB@INDEX, INDEX one of "
+                         f"{', '.join(map(str, targets))} (nvidia-smi's numbering)")
+    mib = int(mib_s)
+    index = int(idx_s) if idx_s else targets[0]
+    p = subprocess.Popen(["nsenter", "-t", str(_anchor(h)), "-n", "-m", "-u", "--", "/usr/bin/python3", "-c",
+                          "import time\nwhile True: time.sleep(3600)"],
+                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    # without -p, nsenter execs the command itself: p.pid is the python process
+    _write(h, "gpu-busy", json.dumps({"pid": p.pid, "name": "python3", "mib": mib, "index": index}))
+    return f"{mib}@{index}" if idx_s else str(mib)
+
+
+def _gpu_busy_heal(h, value):
+    kill_recorded(h)
+
+
+def kill_recorded(h: LabHost) -> None:
+    try:
+        info = json.loads((h.state / "gpu-busy").read_text())
+    except (OSError, ValueError):
+        return
+    pid = info.get("pid")
+    if _pid_alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)  # when we started it in this process: reap it, no zombie left
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    _remove(h, "gpu-busy")
+
+
+def _container_of(pid: str) -> str:
+    """The lab container directory a process runs in: its RAILYARD_LAB_CONTAINER, or its nearest ancestor's
+    (vLLM's process titles overwrite the environment a `ps` reads of its engine core and workers)."""
+    for _ in range(16):
+        try:
+            env = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
+            if b"RAILYARD_LAB_CONTAINER" in env:
+                return env[b"RAILYARD_LAB_CONTAINER"].decode()
+            pid = re.search(r"^PPid:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1)
+        except (OSError, AttributeError):
+            return ""
+    return ""
+
+
+def _engine_processes(h: LabHost, service: str | None) -> list[int]:
+    """The engine cores and workers (vLLM's `VLLM::` process titles) of the host's containers, or of its
+    container SERVICE (its name, or its name's last part: `r1` for vllm-replicas-r1); never an API server."""
+    containers = str(h.dir / "docker" / "containers") + "/"
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if not d.name.isdigit() or not (d / "comm").read_text().startswith("VLLM::"):
+                continue
+        except OSError:
+            continue
+        where = _container_of(d.name)
+        if not where.startswith(containers):
+            continue
+        name = where[len(containers):]
+        if service is None or name == service or name.endswith("-" + service):
+            pids.append(int(d.name))
+    return pids
+
+
+def _engine_hang(h, value):
+    pids = _engine_processes(h, value)
+    if not pids:
+        raise UsageError(f"lab.fault engine-hang: no engine process on {h.name}"
+                         + (f" in a container named {value!r} or ending in -{value}" if value else ""))
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    _write(h, "engine-hang", json.dumps(pids))
+    return value or "all"
+
+
+def _engine_hang_heal(h, value):
+    try:
+        pids = json.loads((h.state / "engine-hang").read_text())
+    except (OSError, ValueError):
+        pids = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    _remove(h, "engine-hang")
+
+
+def _state_choice(kind: str, choices: tuple[str, ...], meaning: str):
+    """A fault that writes one of a few values into the host's state file `kind`."""
+    def inject(h, value):
+        v = value or choices[0]
+        if v not in choices:
+            raise UsageError(f"lab.fault {kind}: {v!r}: {meaning}")
+        _write(h, kind, v)
+        return v
+    return inject
+
+
+def _no_gpu(h, value):
+    """gb300: the compute GPUs are gone (a station keeps its display GPU); all: every GPU; N: GPU N fell
+    off the bus (the others are numbered again, as nvidia-smi does)."""
+    v = value or "gb300"
+    if v not in ("gb300", "all") and not (v.isdigit() and int(v) < len(_shape(h)["gpus"])):
+        raise UsageError(f"lab.fault no-gpu: {v!r}: gb300 (only the display GPU left), all, or a GPU index")
+    _write(h, "no-gpu", v)
+    return v
+
+
+def _disk_full(h, value):
+    mb = value or "64"
+    if not mb.isdigit():
+        raise UsageError(f"lab.fault disk-full: {mb!r} is not a size in MB")
+    in_host(h, "mkdir", "-p", "/root/models")
+    in_host(h, "mount", "-t", "tmpfs", "-o", f"size={mb}m", "railyard-lab-small", "/root/models")
+    return mb
+
+
+def _disk_heal(h, value):
+    in_host(h, "umount", "/root/models", check=False)
+
+
+def _sshd_down(h, value):
+    stop_sshd(h)
+    return "stopped"
+
+
+def _sshd_heal(h, value):
+    start_sshd(h)
+
+
+def _host_key_changed(h, value):
+    orig = h.host_key.with_name(h.host_key.name + ".orig")
+    if not orig.exists():
+        h.host_key.rename(orig)
+        h.host_key.with_suffix(".pub").rename(orig.with_name(orig.name + ".pub"))
+    else:
+        h.host_key.unlink(missing_ok=True)
+        h.host_key.with_suffix(".pub").unlink(missing_ok=True)
+    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"host-{h.name}-new", "-f", str(h.host_key))
+    restart_sshd(h)
+    return "new key"
+
+
+def _host_key_heal(h, value):
+    orig = h.host_key.with_name(h.host_key.name + ".orig")
+    if orig.exists():
+        orig.replace(h.host_key)
+        orig.with_name(orig.name + ".pub").replace(h.host_key.with_suffix(".pub"))
+        restart_sshd(h)
+
+
+def _missing_tool(h, value):
+    tool = value or "ibdev2netdev"
+    if tool not in SIM_TOOLS:
+        raise UsageError(f"lab.fault missing-tool: {tool!r}: one of {', '.join(SIM_TOOLS)}")
+    (h.bin / tool).unlink(missing_ok=True)
+    gone = set(json.loads(_read(h, "missing-tools.json") or "[]")) | {tool}
+    _write(h, "missing-tools.json", json.dumps(sorted(gone)))
+    return tool
+
+
+def _missing_tool_heal(h, value):
+    gone = json.loads(_read(h, "missing-tools.json") or "[]")
+    for tool in gone:
+        link = h.bin / tool
+        if not link.is_symlink():
+            link.symlink_to(h.root / "sim" / "tools.py")
+    _remove(h, "missing-tools.json")
+
+
+def _read(h: LabHost, name: str) -> str | None:
+    try:
+        return (h.state / name).read_text()
+    except OSError:
+        return None
+
+
+def _image_mismatch(h, value):
+    images_file = h.dir / "docker" / "images.json"
+    images = json.loads(images_file.read_text())
+    backup = h.dir / "docker" / "images.json.orig"
+    if not backup.exists():
+        backup.write_text(json.dumps(images))
+    import hashlib
+    other = "sha256:" + hashlib.sha256(f"another build {h.name}".encode()).hexdigest()
+    images_file.write_text(json.dumps({name: other for name in images}))
+    return other
+
+
+def _image_heal(h, value):
+    backup = h.dir / "docker" / "images.json.orig"
+    if backup.exists():
+        backup.replace(h.dir / "docker" / "images.json")
+
+
+def _flag(kind: str):
+    def inject(h, value):
+        _write(h, kind, "1")
+        return "on"
+    return inject
+
+
+def _since(kind: str):
+    def inject(h, value):
+        import time
+        _write(h, kind, f"{time.time():.3f}")
+        return "on"
+    return inject
+
+
+def _number(kind: str, default: str):
+    def inject(h, value):
+        v = value or default
+        if not v.isdigit():
+            raise UsageError(f"lab.fault {kind}: {v!r} is not a whole number")
+        _write(h, kind, v)
+        return v
+    return inject
+
+
+def _version(kind: str, default: str):
+    def inject(h, value):
+        v = value or default
+        if not re.fullmatch(r"\d+(\.\d+){1,3}", v):
+            raise UsageError(f"lab.fault {kind}: {v!r} is not a version like {default}")
+        _write(h, kind, v)
+        return v
+    return inject
+
+
+def _anchor(h: LabHost) -> int:
+    from . import anchor_pid
+    return anchor_pid(h)
+
+
+FAULTS: dict[str, tuple[Callable, Callable, str]] = {
+    "mtu": (_mtu, _mtu_heal, "set the serving rail's MTU (default 1500)"),
+    "mtu-blackhole": (_mtu_blackhole, _mtu_blackhole_heal, "a switch port on the serving rail's path drops frames "
+                      "above N bytes (default 1500); both ends keep MTU 9000"),
+    "rail-loss": (_rail_loss, _rail_loss_heal, "drop every Nth frame over 1500 bytes arriving on the serving rail "
+                  "(default 3; a marginal optic: small frames pass)"),
+    "port-block": (_port_block, _port_block_heal, "a host firewall drops TCP to PORT arriving on the serving rail "
+                   "(default 29501, the master port); ping and SSH still pass"),
+    "link-down": (_link_down, _link_heal, "take the serving rail's link down"),
+    "engine-hang": (_engine_hang, _engine_hang_heal, "stop (SIGSTOP) the engine processes of the host's containers, "
+                    "or of container SERVICE: alive, holding their GPUs, their API still up, making no progress"),
+    "mgmt-down": (_mgmt_down, _mgmt_heal, "take the management link down (SSH from the control machine stops answering)"),
+    "no-ip": (_no_ip, _no_ip_heal, "remove the serving rail's IPv4 address"),
+    "gid-index": (_gid_index, _state_heal("gid-index"), "move the RoCE v2 IPv4 GID to index N (odd, default 5), or none"),
+    "ntp-unsynced": (_ntp, _state_heal("ntp"), "timedatectl reports the clock not synchronized"),
+    "clock-skew": (_clock_skew, _clock_heal, "shift the host's clock by N seconds (default 30, libfaketime)"),
+    "gpu-busy": (_gpu_busy, _gpu_busy_heal, "a live compute process holds N MiB on the GB300 (default 8710), "
+                 "or on GPU I with N@I"),
+    "no-gpu": (_no_gpu, _state_heal("no-gpu"), "the GB300 is gone (gb300), every GPU (all), or GPU N"),
+    "disk-full": (_disk_full, _disk_heal, "put the model directory on a small tmpfs (default 64 MB)"),
+    "sshd-down": (_sshd_down, _sshd_heal, "stop the host's sshd"),
+    "host-key-changed": (_host_key_changed, _host_key_heal, "give the host a new SSH host key"),
+    "missing-tool": (_missing_tool, _missing_tool_heal, "remove a tool from the host's PATH (default ibdev2netdev)"),
+    "docker-down": (_state_choice("docker-down", ("stopped", "permission"), "stopped or permission"),
+                    _state_heal("docker-down"), "the Docker daemon is unreachable (stopped or permission)"),
+    "image-mismatch": (_image_mismatch, _image_heal, "the host holds another digest of the pinned image"),
+    "gpu-ecc": (_number("gpu-ecc", "2"), _state_heal("gpu-ecc"), "N uncorrectable ECC errors (default 2) and a "
+                "pending row remap on the compute GPU (nvidia-smi)"),
+    "xid": (_number("xid", "79"), _state_heal("xid"), "an NVRM Xid N (default 79) for the compute GPU in the "
+            "kernel log (dmesg)"),
+    "no-peermem": (_flag("no-peermem"), _state_heal("no-peermem"), "nvidia_peermem is not loaded (lsmod)"),
+    "no-uverbs": (_flag("no-uverbs"), _state_heal("no-uverbs"), "ib_uverbs is not loaded: the HCAs are in sysfs "
+                  "(ibdev2netdev lists them), /dev/infiniband is not there (docker run --device refuses it)"),
+    "acs-redirect": (_state_choice("acs-redirect", ("path", "off-path"), "path (the switch ports between the GPU "
+                     "and the serving rail's NIC) or off-path (an NVMe drive's port on that switch)"),
+                     _state_heal("acs-redirect"), "ACS ReqRedir/CmpltRedir on the PCIe switch ports between a GPU "
+                     "and the serving rail's NIC (path, default) or on an unrelated port (off-path) (lspci -vvv)"),
+    "no-ethtool-stats": (_flag("no-ethtool-stats"), _state_heal("no-ethtool-stats"), "`ethtool -S` on the serving "
+                         "rail shows no error counters (the veth's own statistics): preflight reads sysfs"),
+    "rail-errors": (_since("rail-errors"), _state_heal("rail-errors"), "the rail's symbol and CRC error counters "
+                    "climb (ethtool -S), as with a bad optic"),
+    "driver-mismatch": (_version("driver-mismatch", "570.195.03"), _state_heal("driver-mismatch"),
+                        "the host reports another NVIDIA driver version (default 570.195.03)"),
+}
+
+
+def fault(host: str, kind: str, value: str | None = None, path: str | None = None) -> str:
+    if kind not in FAULTS:
+        raise UsageError(f"lab.fault: unknown fault {kind!r} (one of: {', '.join(FAULTS)})")
+    h = lab_host(lab_dir(path), host)
+    recorded = FAULTS[kind][0](h, value)
+    _record(h, kind, recorded)
+    return f"{host}: {kind} {recorded}"
+
+
+def heal(host: str | None = None, path: str | None = None) -> list[str]:
+    root = lab_dir(path)
+    hosts = [lab_host(root, host)] if host else hosts_of(root)
+    done = []
+    for h in hosts:
+        for kind, value in active(h).items():
+            try:
+                FAULTS[kind][1](h, value)
+            except LabError:
+                raise
+            done.append(f"{h.name}: healed {kind}")
+            _record(h, kind, None)
+    return done

@@ -1,0 +1,359 @@
+"""Running the `replicas` layout: who holds each GPU, the router's view and its drain list, and
+`inv recover` for a replica that crashed or needs a restart.
+
+A crashed replica's GPUs can stay full after it died: LMCache's CUDA IPC handles into its KV
+cache keep the memory allocated until LMCache itself restarts (LMCache #4014; seen in the
+reference: 122.61 GiB free, 169.43 GiB needed). So recover looks first:
+
+    short path  the replica's GPUs hold nothing but its own processes: take it out of routing
+                (railyard's drain filter in LiteLLM), wait for its requests in flight, restart it
+                alone, gate it, put it back;
+    long path   another process (LMCache) holds memory on them: stop the replicas, restart LMCache,
+                start the replicas, in that order; the router stays up;
+    blocked     a process of no container of this deployment holds them: named, nothing touched.
+
+Before any replica starts, its GPUs must have free >= gpu_memory_utilization x total, or recover
+stops with the numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from ... import facts as F
+from ...errors import LaunchError, UsageError
+from ...facts.probe import Section, joined_script, new_token, split_output
+from ...verbs.preflight import gpus_section
+from ...transport.runner import Runner
+from ...engines.litellm import CONFIG_TARGET, parse_health
+from ...plan.spec import Endpoint, LaunchPlan, Service, Stage
+from ...transport import Session, Sh, cmd, write_remote
+from ...facts.docker import inspect
+from ...transport.http import parse_metrics, request
+from ...apply.executor import LaunchReport, run_stages
+
+APPS = "--query-compute-apps=gpu_uuid,pid,process_name,used_memory"
+DRAIN_FILE = "drained"
+
+
+# ---------------------------------------------------------------- who holds each GPU
+
+@dataclass
+class Holder:
+    gpu_uuid: str
+    pid: int
+    name: str
+    used_mib: int
+    container: str  # "" when the process belongs to no container
+
+
+@dataclass
+class GpuState:
+    gpus: dict[str, F.Gpu]        # uuid -> the GPU (memory used/total)
+    holders: list[Holder]
+
+
+def parse_pid_table(text: str) -> dict[int, int]:
+    """`ps -e -o pid=,ppid=` -> {pid: ppid}."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            out[int(parts[0])] = int(parts[1])
+    return out
+
+
+def parse_container_pids(text: str) -> dict[int, str]:
+    """`docker inspect --format '{{.State.Pid}} {{.Name}}' ...` -> {main pid: container name} (running ones)."""
+    out = {}
+    for line in text.splitlines():
+        pid, _, name = line.strip().partition(" ")
+        if pid.isdigit() and int(pid) > 0 and name:
+            out[int(pid)] = name.lstrip("/")
+    return out
+
+
+def container_of_pid(pid: int, parents: dict[int, int], mains: dict[int, str]) -> str:
+    """The container whose main process is pid or one of its ancestors ("" if none)."""
+    seen = set()
+    while pid and pid not in seen:
+        if pid in mains:
+            return mains[pid]
+        seen.add(pid)
+        pid = parents.get(pid, 0)
+    return ""
+
+
+def gpu_state(s: Session) -> GpuState:
+    """Every GPU's memory and every compute process on it, mapped to its container, in one round trip."""
+    sections = [gpus_section(), Section("apps", cmd("nvidia-smi", APPS, "--format=csv,noheader,nounits"), "nvidia-smi"),
+                Section("ps", Sh("ps -e -o pid=,ppid=")),
+                Section("mains", Sh("n=$(docker ps --format '{{.Names}}'); [ -z \"$n\" ] || docker inspect --format "
+                                    "'{{.State.Pid}} {{.Name}}' $n"), "docker")]
+    token = new_token()
+    r = s.run(joined_script(sections, token), timeout=60)
+    if r.error:
+        raise LaunchError(f"{s.host.name}: {r.error.kind}: {r.error.message}")
+    out = split_output(r.stdout, sections, token)
+    for key in ("gpus", "apps"):
+        if not out[key].ok:
+            raise LaunchError(f"{s.host.name}: nvidia-smi failed: {out[key].text.strip()[:200]}")
+    try:
+        gpus = {g.uuid: g for g in F.parse_gpus(out["gpus"].text)}
+        apps = F.parse_compute_apps(out["apps"].text)
+    except F.ParseError as e:
+        raise LaunchError(f"{s.host.name}: {e}") from None
+    parents = parse_pid_table(out["ps"].text)
+    mains = parse_container_pids(out["mains"].text) if out["mains"].ok else {}
+    return GpuState(gpus, [Holder(a.gpu_uuid, a.pid, a.name, a.used_mib, container_of_pid(a.pid, parents, mains))
+                           for a in apps])
+
+
+def foreign_holders(state: GpuState, svc: Service) -> list[Holder]:
+    """Processes on the service's GPUs that are not the service's own."""
+    mine = set(svc.spec.gpus.uuids)
+    return [h for h in state.holders if h.gpu_uuid in mine and h.container != svc.spec.name]
+
+
+def short_of_memory(state: GpuState, svc: Service, util: float) -> list[str]:
+    """The service's GPUs without free >= util x total, as `GPU 5: 122.61 GiB free, 169.43 GiB needed`."""
+    out = []
+    for u in svc.spec.gpus.uuids:
+        g = state.gpus.get(u)
+        if g is None:
+            out.append(f"{u}: not on the host")
+            continue
+        free, need = (g.memory_total_mib - g.memory_used_mib) / 1024, util * g.memory_total_mib / 1024
+        if free < need:
+            out.append(f"GPU {g.index}: {free:.2f} GiB free, {need:.2f} GiB needed")
+    return out
+
+
+def describe_holder(h: Holder, state: GpuState) -> str:
+    g = state.gpus.get(h.gpu_uuid)
+    where = f"GPU {g.index}" if g else h.gpu_uuid
+    return f"{where}: pid {h.pid} {h.name} {h.used_mib / 1024:.1f} GiB ({h.container or 'no container'})"
+
+
+# ---------------------------------------------------------------- the router
+
+def router_dir(plan: LaunchPlan) -> str:
+    router = plan.service("router")
+    return next(m.source for m in router.spec.mounts if m.target == CONFIG_TARGET)
+
+
+def set_drained(s: Session, plan: LaunchPlan, names: list[str]) -> None:
+    """The replicas the router must not pick (railyard's filter reads the file on every request)."""
+    write_remote(s, f"{router_dir(plan)}/{DRAIN_FILE}", "".join(f"{n}\n" for n in names), mode="644")
+
+
+def in_flight(s: Session, svc: Service, model: str) -> float | None:
+    """Requests running or waiting on a replica, from its /metrics (None: no answer)."""
+    code, _, text, _ = request(s, Endpoint.of(svc, model), "/metrics", timeout=10)
+    if code != 200:
+        return None
+    m = parse_metrics(text)
+    return m.get("vllm:num_requests_running", 0.0) + m.get("vllm:num_requests_waiting", 0.0)
+
+
+# ---------------------------------------------------------------- recover
+
+@dataclass
+class ReplicaView:
+    service: Service
+    running: bool
+    healthy: bool
+    status: str
+    foreign: list[Holder] = field(default_factory=list)
+
+
+@dataclass
+class Recovery:
+    path: str                      # none | short | long | blocked
+    replicas: list[str]            # the ones it restarts
+    why: list[str]
+    steps: list[str]
+    done: list[str] = field(default_factory=list)
+    failure: str = ""
+    report: LaunchReport | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failure and self.path != "blocked"
+
+
+def _views(s: Session, plan: LaunchPlan, state: GpuState) -> list[ReplicaView]:
+    out = []
+    for svc in (x for x in plan.services() if x.role == "replica"):
+        c = inspect(s, svc.spec.name)
+        code = request(s, Endpoint.of(svc, plan.endpoint.model), "/health", timeout=5)[0] if c.running else 0
+        status = c.status if c.exists else "missing"
+        if c.exists and not c.running:
+            status += f" (exit code {c.exit_code})"
+        out.append(ReplicaView(svc, c.running, code == 200, status, foreign_holders(state, svc)))
+    return out
+
+
+def decide(plan: LaunchPlan, views: list[ReplicaView], state: GpuState, which: str | None) -> Recovery:
+    """What recover would do, and why (pure)."""
+    names = [v.service.name for v in views]
+    if which is not None and which not in names:
+        raise UsageError(f"--replica {which}: no such replica (replicas: {', '.join(names)})")
+    lmcache = plan.service("lmcache").spec.name
+    if which is not None:
+        targets = [v for v in views if v.service.name == which]
+    else:
+        targets = [v for v in views if not (v.running and v.healthy)]
+    if not targets:
+        return Recovery("none", [], [f"every replica runs and answers /health ({', '.join(names)})"], [])
+    why = []
+    for v in targets:
+        state_line = "runs and answers /health: a planned restart" if v.running and v.healthy else (
+            f"is {v.status}" if not v.running else "runs but /health does not answer")
+        why.append(f"{v.service.name} {state_line}")
+    crashed = [v for v in targets if not v.running]
+    others = [h for v in crashed for h in v.foreign if h.container != lmcache]
+    if others:
+        return Recovery("blocked", [v.service.name for v in targets],
+                        why + [f"memory on {v.service.name}'s GPUs is held by a process of no replica or LMCache: "
+                               + "; ".join(describe_holder(h, state) for h in v.foreign if h.container != lmcache)
+                               for v in crashed if any(h.container != lmcache for h in v.foreign)],
+                        ["nothing: stop that process (or its container) first, then run `inv recover` again"])
+    held = [v for v in crashed if v.foreign]
+    if held:
+        for v in held:
+            why.append(f"LMCache still holds {v.service.name}'s GPUs (its CUDA IPC handles outlive the crash): "
+                       + "; ".join(describe_holder(h, state) for h in v.foreign))
+        why.append("only restarting LMCache frees that memory, and every replica must reconnect to the new one")
+        replicas = [v.service.name for v in views]
+        running = [v.service.name for v in views if v.running]
+        steps = ([f"wait for requests in flight on {', '.join(running)}"] if running else []) + [
+            f"stop {', '.join(reversed(running))}" if running else "no replica to stop",
+            f"restart LMCache ({lmcache}) and gate on /healthcheck",
+            f"check free GPU memory >= gpu_memory_utilization x total for {', '.join(replicas)}",
+            f"start {', '.join(replicas)} and gate each (startup, LMCache registration, /health)",
+            "the router stays up: wait until its health check lists every replica healthy again"]
+        return Recovery("long", replicas, why, steps)
+    steps = []
+    for v in targets:
+        n = v.service.name
+        steps += [f"take {n} out of routing (railyard's drain list in the router)"]
+        if v.running:
+            steps += [f"wait for {n}'s requests in flight", f"stop {n}"]
+        steps += [f"check free GPU memory on {n}'s GPUs >= gpu_memory_utilization x total",
+                  f"start {n} alone and gate it (startup, LMCache registration, /health)", f"put {n} back into routing",
+                  f"wait until the router's health check lists {n} healthy"]
+    if crashed:
+        why.append(f"{', '.join(v.service.name for v in crashed)}: its GPUs hold no other process")
+    return Recovery("short", [v.service.name for v in targets], why, steps)
+
+
+def survey(plan: LaunchPlan, runner: Runner, which: str | None) -> tuple[Recovery, GpuState]:
+    s = runner.session(plan.endpoint.host)
+    state = gpu_state(s)
+    return decide(plan, _views(s, plan, state), state, which), state
+
+
+def _wait_idle(s: Session, svc: Service, model: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        n = in_flight(s, svc, model)
+        if not n:  # 0, or no answer (nothing in flight can finish there)
+            return "" if n == 0 else "no /metrics answer"
+        if time.monotonic() > deadline:
+            raise LaunchError(f"{svc.name} still has {n:g} requests in flight after {timeout:.0f} s; it stays out of "
+                              "routing (run `inv recover` again, or stop it yourself)")
+        time.sleep(0.5)
+
+
+def router_healthy(s: Session, plan: LaunchPlan) -> tuple[set[str], str]:
+    """The replicas the router's /health lists healthy (its last background check), or why not known."""
+    code, _, text, _ = request(s, plan.endpoint, "/health", timeout=60)
+    try:
+        return (set(parse_health(text).healthy), "") if code == 200 else (set(), f"HTTP {code}: {text[:120]}")
+    except ValueError:
+        return set(), text[:120]
+
+
+def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeout: float, drain_timeout: float,
+            console, router_wait: float = 60.0) -> Recovery:
+    """Take the chosen path. It ends when the router's own health check lists the restarted replicas
+    healthy again (within router_wait seconds): until then LiteLLM does not route to them."""
+    s = runner.session(plan.endpoint.host)
+    model = plan.endpoint.model
+    targets = [plan.service(n) for n in rec.replicas]
+
+    def routed(svcs: list[Service]) -> None:
+        want = {svc.name for svc in svcs}
+        deadline = time.monotonic() + router_wait
+        while True:
+            seen, why = router_healthy(s, plan)
+            if want <= seen:
+                rec.done.append(f"the router sees {', '.join(sorted(want))} healthy")
+                return
+            if time.monotonic() > deadline:
+                raise LaunchError(f"{', '.join(sorted(want - seen))} serve(s) again, but the router's health check has "
+                                  f"not listed them healthy within {router_wait:.0f} s"
+                                  + (f" ({why})" if why else f" (healthy there: {', '.join(sorted(seen)) or 'none'})"))
+            time.sleep(1)
+
+    def stop(svc: Service) -> None:
+        r = s.run(cmd("docker", "stop", "--timeout", "60", svc.spec.name), timeout=120)
+        if not r.ok and "No such" not in r.stderr:
+            raise LaunchError(f"could not stop {svc.name}: {(r.stderr or str(r.error)).strip()}")
+        rec.done.append(f"stopped {svc.name}")
+
+    def memory_ok(svcs: list[Service]) -> None:
+        state = gpu_state(s)
+        short = {svc.name: short_of_memory(state, svc, util) for svc in svcs}
+        short = {k: v for k, v in short.items() if v}
+        if short:
+            holders = "; ".join(describe_holder(h, state) for svc in svcs for h in foreign_holders(state, svc))
+            raise LaunchError("not enough free GPU memory to start " + "; ".join(
+                f"{k}: {', '.join(v)}" for k, v in short.items()) + f" (gpu_memory_utilization {util:g})"
+                + (f"; held by {holders}" if holders else ""))
+        rec.done.append(f"free GPU memory checked for {', '.join(svc.name for svc in svcs)}")
+
+    def start(svcs: list[Service], stages: tuple[Stage, ...]) -> None:
+        sub = replace(plan, stages=stages)
+
+        def start_one(svc: Service) -> str | None:
+            r = s.run(cmd("docker", "start", svc.spec.name), timeout=120)
+            return None if r.ok else (r.stderr.strip() or str(r.error))
+
+        rep = run_stages(sub, runner, timeout, console, start_one)
+        rec.report = rep
+        if rep.failure:
+            raise LaunchError(rep.failure)
+        rec.done.append(f"started {', '.join(svc.name for svc in svcs)}: ready")
+
+    try:
+        if rec.path == "short":
+            set_drained(s, plan, rec.replicas)
+            rec.done.append(f"took {', '.join(rec.replicas)} out of routing")
+            for svc in targets:
+                if inspect(s, svc.spec.name).running:
+                    why = _wait_idle(s, svc, model, drain_timeout)
+                    rec.done.append(f"{svc.name}: no request in flight" + (f" ({why})" if why else ""))
+                    stop(svc)
+            memory_ok(targets)
+            start(targets, (Stage(tuple(targets), wait="ready"),))
+            set_drained(s, plan, [])
+            rec.done.append(f"put {', '.join(rec.replicas)} back into routing")
+            routed(targets)
+        elif rec.path == "long":
+            lmc = plan.service("lmcache")
+            running = [svc for svc in targets if inspect(s, svc.spec.name).running]
+            for svc in running:
+                _wait_idle(s, svc, model, drain_timeout)
+            for svc in reversed(running):
+                stop(svc)
+            stop(lmc)
+            start([lmc], (Stage((lmc,), wait="ready"),))
+            memory_ok(targets)
+            start(targets, (Stage(tuple(targets), wait="ready"),))
+            routed(targets)
+    except LaunchError as e:
+        rec.failure = str(e)
+    return rec

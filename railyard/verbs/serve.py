@@ -1,0 +1,201 @@
+"""`inv env`, `inv launch`, `inv start`, `inv stop`, `inv status`, `inv logs`, `inv launch-script`:
+each builds the inventory's plan (railyard.plan.layout, chosen by `serve_layout`) and hands
+it to railyard.ops, so every verb works for every layout.
+
+    plan = build_plan(inv, runner)    # static checks (exit 2), facts in one round trip per host, pure plan
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import LaunchError, UsageError
+from ..inventory import Inventory
+from ..apply import envfiles
+from ..apply import executor as ops
+from ..apply import lock
+from ..apply.executor import LaunchReport, StopResult
+from ..apply.lock import HeadLock
+from ..render import script
+from ..render.docker import run_line
+from ..transport.runner import Runner
+from ..plan import layout as layouts
+from ..facts.host import HostFacts, gather
+from ..plan.spec import LaunchPlan
+from ..transport import cmd
+
+
+def build_plan(inv: Inventory, runner: Runner | None, order: str | None = None, strict: bool = True) -> LaunchPlan:
+    """The plan of the inventory's layout. strict: the layout's static checks first (InventoryError, exit
+    2, before any SSH) and every fact required; otherwise missing facts leave blanks (stop, status)."""
+    return plan_and_facts(inv, runner, order, strict)[0]
+
+
+def plan_and_facts(inv: Inventory, runner: Runner | None, order: str | None = None,
+                   strict: bool = True) -> tuple[LaunchPlan, dict[str, HostFacts]]:
+    """build_plan, and the host facts it was built from (runner None: no SSH, blank facts)."""
+    layout = layouts.validated(inv) if strict else layouts.get(inv)
+    if order and layout.name != "multinode_tp":
+        raise UsageError(f"--rank-order {order!r}: layout {layout.name} starts one service; it has no rank order")
+    hosts = layout.hosts(inv)
+    if runner is None:
+        facts = {h.name: HostFacts(h) for h in hosts}
+    else:
+        needs, count = layout.needs(inv)
+        facts = gather(runner, hosts, needs, count)
+        problems = [p for f in facts.values() for p in f.problems]
+        if problems and strict:
+            raise LaunchError("cannot plan the launch:\n  " + "\n  ".join(problems))
+    return layout.plan(inv, facts, order), facts
+
+
+def _runner(inv: Inventory) -> Runner:
+    return Runner(layouts.get(inv).hosts(inv))
+
+
+def locked(inv: Inventory, runner: Runner, command: str) -> HeadLock:
+    return HeadLock(runner.session(lock.lock_host(inv)), command)
+
+
+def env(inv: Inventory, check: bool) -> tuple[list[envfiles.EnvFile], list[str]]:
+    """Render every service's env file into env/ and, unless check, onto the hosts where it changed."""
+    with _runner(inv) as runner:
+        plan = build_plan(inv, runner)
+        files = envfiles.plan_env(plan, runner)
+        envfiles.write_local(files)
+        written = [] if check else envfiles.apply_env(runner, files)
+    return files, written
+
+
+def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool, timeout: float | None,
+           rollback: bool, console) -> LaunchReport:
+    with _runner(inv) as runner:
+        plan = build_plan(inv, runner, rank_order)
+        files = envfiles.plan_env(plan, runner)
+        timeout = float(timeout or inv.head.vars["vllm_start_timeout_s"])
+        if dry_run:
+            rep = LaunchReport(plan.hosts(), {s.name: run_line(plan, s) for s in plan.services()}, plan=plan)
+            stale = [f.host for f in files if f.changed]
+            if stale:
+                rep.hint = f"note: the env files are not current on {', '.join(stale)} (run `inv env`)"
+            return rep
+        with locked(inv, runner, "inv launch"):
+            rep = ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, console)
+            if not rep.noop:
+                keep_timeline(inv, plan, runner, rep)
+            return rep
+
+
+def keep_timeline(inv: Inventory, plan: LaunchPlan, runner: Runner, rep: LaunchReport) -> None:
+    """The previous launch's figures beside this one's, from the deployment's first host (where the lock is);
+    after a successful launch this one's replace them there, atomically. Never fails the launch."""
+    from ..errors import RailyardError
+    from ..apply import timeline
+    host = lock.lock_host(inv)
+    path = timeline.path_for(host.vars["vllm_state_dir"], plan.deployment)
+    s = runner.session(host)
+    try:
+        previous = timeline.load(s, path)
+    except RailyardError as e:
+        previous = None
+        rep.timeline_note = f"the previous launch's timeline was not read: {e}"
+    timeline.merge_previous(rep.timeline, previous)
+    if previous:
+        rep.timeline_previous = {"written_at": previous.get("written_at"), "by": previous.get("by"), "file": path}
+    if rep.failure or not rep.timeline:
+        return
+    try:
+        timeline.save(s, path, timeline.document(plan, rep.timeline))
+        rep.timeline_file = f"{host.name}:{path}"
+    except RailyardError as e:
+        rep.timeline_note = f"this launch's timeline was not kept: {e}"
+
+
+def start(inv: Inventory, rank_order: str | None, timeout: float | None, console) -> LaunchReport:
+    with _runner(inv) as runner:
+        plan = build_plan(inv, runner, rank_order, strict=False)
+        with locked(inv, runner, "inv start"):
+            return ops.start(plan, runner, float(timeout or inv.head.vars["vllm_start_timeout_s"]), console)
+
+
+def stop(inv: Inventory) -> list[StopResult]:
+    with _runner(inv) as runner:
+        plan = build_plan(inv, runner, strict=False)
+        with locked(inv, runner, "inv stop"):
+            return ops.stop(plan, runner)
+
+
+def status(inv: Inventory) -> list[dict]:
+    with _runner(inv) as runner:
+        return ops.status(build_plan(inv, runner, strict=False), runner)
+
+
+def logs(inv: Inventory, rank: str | None, follow: bool, lines: int | None, write) -> int:
+    plan = build_plan(inv, None, strict=False)
+    svc = ops.container_of(plan, None if rank is None else str(rank))
+    argv = ["docker", "logs"] + (["--tail", str(lines)] if lines else []) + (["--follow"] if follow else []) + [svc.spec.name]
+    host = inv.host(svc.host)
+    with Runner([host]) as runner:
+        r = runner.session(host).run(cmd(*argv) + " 2>&1", timeout=10 ** 7 if follow else 60, on_output=write)
+    if r.error:
+        raise LaunchError(f"{host.name}: {r.error.kind}: {r.error.message}")
+    return 0 if r.rc == 0 else 1
+
+
+def unlock(inv: Inventory) -> lock.Holder | None:
+    """Remove the operator lock, whoever holds it; the holder it had."""
+    host = lock.lock_host(inv)
+    with Runner([host]) as runner:
+        return lock.unlock(runner.session(host))
+
+
+def launch_script(inv: Inventory, out_dir: str) -> Path:
+    """Write DIR/launch_server.sh for the inventory's one-host layout; no host is contacted."""
+    plan = build_plan(inv, None)
+    text = script.render(plan, inv.host(plan.endpoint.host).vars["model_revision"])
+    d = Path(out_dir)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / "launch_server.sh"
+        tmp = d / ".launch_server.sh.tmp"
+        tmp.write_text(text)
+        os.chmod(tmp, 0o755)
+        tmp.replace(path)
+    except OSError as e:
+        raise UsageError(f"--out {out_dir}: {e.strerror}") from None
+    return path
+
+
+def render_compose(inv: Inventory, out_dir: str) -> list[Path]:
+    """Write DIR/docker-compose.yml (and the files it mounts) for the inventory's one-host layout; one
+    round trip to the host for its GPUs (UUIDs) and CPUs, nothing changed there."""
+    from ..render import compose
+    with _runner(inv) as runner:
+        plan = build_plan(inv, runner)
+    try:
+        files = compose.render(plan)
+    except ValueError as e:
+        raise UsageError(f"--compose: {e}") from None
+    from .export import write
+    return write(files, out_dir, "--compose")
+
+
+def recover(inv: Inventory, replica: str | None, dry_run: bool, timeout: float | None, drain_timeout: float,
+            console):
+    """`inv recover`: look at the replicas and their GPUs, choose the short or the long path (or none, or
+    blocked), and unless dry_run take it under the operator lock."""
+    from ..layouts.replicas import recover as rec_ops
+    with _runner(inv) as runner:
+        plan = build_plan(inv, runner, strict=False)
+        if plan.layout != "replicas":
+            raise UsageError(f"inv recover: layout {plan.layout} has no replicas to recover (serve_layout replicas)")
+        rec, _ = rec_ops.survey(plan, runner, replica)
+        if dry_run or rec.path in ("none", "blocked"):
+            return plan, rec
+        v = inv.host(plan.endpoint.host).vars
+        util = float(v["vllm_gpu_memory_utilization"])
+        router_wait = 2 * v["litellm_health_check_interval_s"] + 30  # two checks, and the checks themselves
+        with locked(inv, runner, "inv recover"):
+            return plan, rec_ops.execute(plan, runner, rec, util, float(timeout or v["vllm_start_timeout_s"]),
+                                         drain_timeout, console, router_wait)

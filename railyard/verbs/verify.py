@@ -1,0 +1,436 @@
+"""`inv verify-rdma` and `inv health`.
+
+Both work from the launch plan's services, so they work for every layout.
+
+verify-rdma collects the NCCL logs from every service whose traffic crosses the rails and
+judges them with railyard.checks.nccl, adding what only the running container can show: memlock
+unlimited, /dev/infiniband present, IPC_LOCK granted, and the NCCL library the image carries.
+A one-host layout has nothing to verify there, and says so.
+
+health asks each service for its container and GPUs, then the plan's endpoint (with the key,
+read on its host): /health, /v1/models, one short real chat completion at temperature 0 that
+must generate at least one token (finish_reason "stop" or "length": a model that does not stop
+within the probe's tokens, as a reasoning model thinking first, is healthy), and /metrics
+summarised; under DP attention also the KV
+cache of every DP rank (min, sum, spread) and every engine in /metrics. Every probe's latency
+is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UsageError
+from ..inventory import Inventory
+from .serve import build_plan
+from ..checks.nccl import RankVerdict, judge
+from ..facts.docker import inspect, log_tail, uptime
+from ..checks.nixl import NixlVerdict, judge as judge_ucx
+from ..transport.http import parse_metrics, request
+from ..layouts.pd.proof import each_service, exercise
+from ..apply.executor import describe
+from ..transport.runner import Runner
+from ..plan import layout as layouts
+from ..facts.host import gpu_usage
+from ..layouts.pd import members
+from ..plan.spec import Endpoint, LaunchPlan, Service
+from ..engines.vllm import metric_engines, parse_kv_cache
+from ..transport import Session, cmd
+
+NCCL_LIB_PY = ("import os, nvidia.nccl as n; p = os.path.join(list(n.__path__)[0], 'lib', 'libnccl.so.2'); "
+               "print(p if os.path.exists(p) else 'missing ' + p)")
+MIN_NCCL = (2, 30, 7)  # older NCCL can deadlock cross-node CUDA graph replays over RoCE (vLLM issue #52504)
+
+
+def cuda_graphs(svc: Service) -> bool:
+    """Does this vLLM capture CUDA graphs: not with --enforce-eager, nor with a cudagraph_mode of NONE."""
+    words = [w for w in svc.spec.command if isinstance(w, str)]
+    if "--enforce-eager" in words:
+        return False
+    config = None   # the last one given wins, as vLLM's parser takes it: `--compilation-config J` or `...=J`
+    for i, w in enumerate(words):
+        if w == "--compilation-config" and i + 1 < len(words):
+            config = words[i + 1]
+        elif w.startswith("--compilation-config="):
+            config = w.split("=", 1)[1]
+    try:
+        mode = json.loads(config).get("cudagraph_mode") if config else None
+    except (ValueError, AttributeError):
+        mode = None
+    return str(mode).upper() != "NONE"
+
+
+def old_nccl_reason(v: RankVerdict, svc: Service) -> str | None:
+    """MIN_NCCL where its reason applies: channels between nodes, over RoCE, inside captured CUDA graphs
+    (vLLM #52504: the same setup serves with --enforce-eager; NCCL 2.30.4 fixed it)."""
+    if not (v.nccl_version and _version_tuple(v.nccl_version) < MIN_NCCL):
+        return None
+    if not (v.net_transport and v.roce and cuda_graphs(svc)):
+        return None
+    return (f"NCCL {v.nccl_version} is older than {'.'.join(map(str, MIN_NCCL))}, which can deadlock cross-node CUDA "
+            "graph replays over RoCE (fix: load the image's own libnccl via VLLM_NCCL_SO_PATH, or serve with "
+            "--enforce-eager)")
+
+
+def judge_files(paths: list[str]) -> list[RankVerdict]:
+    out = []
+    for p in paths:
+        try:
+            text = Path(p).read_text(errors="replace")
+        except OSError as e:
+            raise UsageError(f"--log {p}: {e.strerror}")
+        out.append(judge(text, p))
+    return out
+
+
+def nccl_log_glob(svc: Service) -> str:
+    """The container's NCCL_DEBUG_FILE as a shell glob (%h and %p become *)."""
+    return re.sub(r"%[hp]", "*", str(dict(svc.spec.env).get("NCCL_DEBUG_FILE", "/tmp/nccl_%h_%p.log")))
+
+
+def _version_tuple(v: str | None) -> tuple:
+    try:
+        return tuple(int(x) for x in (v or "").split("."))
+    except ValueError:
+        return ()
+
+
+def verify_rank(s: Session, svc: Service) -> list[RankVerdict]:
+    name = svc.spec.name
+    host = svc.host
+    c = inspect(s, name)
+    src = f"{host}:{name}"
+    if not c.exists or not c.running:
+        return [RankVerdict(src, "fail", None, False, [], None, [],
+                            [f"container {name} is {c.status if c.exists else 'missing'} on {host} "
+                             "(fix: inv launch / inv start)"])]
+    pattern = nccl_log_glob(svc)
+    script = (f'for f in {pattern}; do [ -e "$f" ] || continue; printf "@@file %s\\n" "$f"; cat "$f"; done; '
+              'printf "@@memlock %s\\n" "$(ulimit -l)"; '
+              'if [ -d /dev/infiniband ]; then printf "@@ib %s\\n" "$(ls /dev/infiniband | tr "\\n" " ")"; fi')
+    r = s.run(cmd("docker", "exec", name, "sh", "-c", script), timeout=60)
+    caps = s.run(cmd("docker", "inspect", "--format", "{{json .HostConfig.CapAdd}}", name), timeout=30)  # as granted
+    lib = s.run(cmd("docker", "exec", name, "python3", "-c", NCCL_LIB_PY), timeout=60)  # as the entrypoint finds it
+    nccl_lib = lib.stdout.strip() if lib.ok else None
+    if r.error:
+        return [RankVerdict(src, "fail", None, False, [], None, [], [f"{r.error.kind}: {r.error.message}"])]
+    files: dict[str, list[str]] = {}
+    memlock = ib = None
+    current = None
+    for line in r.stdout.splitlines():
+        if line.startswith("@@file "):
+            current = line[7:]
+            files[current] = []
+        elif line.startswith("@@memlock "):
+            memlock, current = line[10:].strip(), None
+        elif line.startswith("@@ib "):
+            ib, current = line[5:].strip(), None
+        elif current is not None:
+            files[current].append(line)
+    container = []
+    if memlock != "unlimited":
+        container.append(f"memlock inside the container is {memlock or '?'} KiB, not unlimited "
+                         "(fix: docker run --ulimit memlock=-1)")
+    if not ib:
+        container.append("/dev/infiniband is missing inside the container (fix: docker run --device /dev/infiniband)")
+    try:
+        cap_add = json.loads(caps.stdout.strip() or "null") or []
+    except ValueError:
+        cap_add = []
+    if "IPC_LOCK" not in cap_add and "CAP_IPC_LOCK" not in cap_add:
+        container.append("IPC_LOCK not granted (fix: docker run --cap-add IPC_LOCK)")
+    if not nccl_lib or nccl_lib.startswith("missing"):
+        container.append(f"the image's own NCCL library was not found ({nccl_lib or 'no nvidia.nccl'}) "
+                         "(fix: use the pinned image; the entrypoint sets VLLM_NCCL_SO_PATH from it)")
+    if not files:
+        return [RankVerdict(src, "fail", None, False, [], None, [],
+                            [f"no NCCL log matching {pattern} in the container (fix: NCCL_DEBUG=INFO and "
+                             "NCCL_DEBUG_FILE must be set, and the ranks must have connected)"] + container)]
+    out = []
+    for path, lines in sorted(files.items()):
+        v = judge("\n".join(lines), f"{host}:{path}", list(svc.spec.rdma.hcas if svc.spec.rdma else ()))
+        if why := old_nccl_reason(v, svc):
+            v.reasons.append(why)
+        v.reasons.extend(container)
+        v.verdict = "fail" if v.reasons else "pass"
+        out.append(v)
+    return out
+
+
+def verify_rdma(inv: Inventory) -> tuple[LaunchPlan, list[RankVerdict]]:
+    """Every service of a layout whose NCCL traffic crosses the rails; none for a one-host layout."""
+    with Runner(layouts.get(inv).hosts(inv)) as runner:
+        plan = build_plan(inv, runner, strict=False)
+        if "nixl" in plan.verifiers:
+            return plan, _verify_nixl(inv, runner, plan)
+        if "rdma" not in plan.verifiers:
+            return plan, []
+        got = runner.each(lambda s: [v for svc in plan.on_host(s.host.name) for v in verify_rank(s, svc)])
+    out = []
+    for h in plan.report_hosts():
+        res = got[h]
+        out.extend(res if isinstance(res, list) else [RankVerdict(h, "fail", None, False, [], None, [], [str(res.error)])])
+    return plan, out
+
+
+def _nixl_instance(s: Session, svc: Service, hcas: list[str]) -> NixlVerdict:
+    src = f"{svc.host}:{svc.spec.name}"
+    c = inspect(s, svc.spec.name)
+    if not c.exists or not c.running:
+        return NixlVerdict(src, "fail", None, [], [f"container {svc.spec.name} is {c.status if c.exists else 'missing'} "
+                                                   f"on {svc.host} (fix: inv launch / inv start)"])
+    log = log_tail(s, svc.spec.name, None)
+    env = s.run(cmd("docker", "inspect", "--format", "{{json .Config.Env}}", svc.spec.name), timeout=30)
+    try:
+        values = dict(e.split("=", 1) for e in json.loads(env.stdout) if "=" in e) if env.ok else {}
+    except ValueError:
+        values = {}
+    return judge_ucx(src, log, hcas, values.get("UCX_NET_DEVICES"))
+
+
+def _verify_nixl(inv: Inventory, runner: Runner, plan: LaunchPlan) -> list:
+    """The pd layout: requests through the proxy (two per prefill DP rank, so that round robin
+    reaches each), then every instance's UCX endpoints (railyard.checks.nixl.judge): KV over RDMA on the rails."""
+    instances = members(plan)
+    exercise(plan, runner, int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
+    got, unreachable = each_service(runner, instances,
+                                    lambda s, x: _nixl_instance(s, x, [r.hca for r in inv.host(x.host).rails.values()]))
+    return [got[x.name] for x in instances if x.name in got] + [NixlVerdict(h, "fail", None, [], [why])
+                                                                for h, why in unreachable.items()]
+
+
+# ---------------------------------------------------------------- health
+
+@dataclass
+class Probe:
+    name: str
+    ok: bool
+    detail: str
+    ms: float | None = None
+
+
+@dataclass
+class RankHealth:
+    host: str
+    rank: int | None
+    service: str
+    state: str
+    uptime_s: float | None
+    gpu_used_mib: int | None
+    serving_process: str | None
+    ok: bool
+    reasons: list[str] = field(default_factory=list)
+
+
+def _curl(s: Session, ep: Endpoint, path: str, body: dict | None = None, timeout: int = 60) -> tuple[int, float, str]:
+    """One HTTP request from the endpoint's host to its own API, the key read from its file there."""
+    return request(s, ep, path, body, timeout)[:3]
+
+
+# the probe's question; 16 tokens: enough for any model's first words, and a CPU's or a busy
+# engine's few seconds, not a whole answer's
+CHAT_PROBE = {"temperature": 0, "max_tokens": 16,
+              "messages": [{"role": "user", "content": "Reply with the single word: ready."}]}
+FINISHED = ("stop", "length")  # generated until it stopped, or until the probe's max_tokens
+
+
+def judge_answer(code: int | None, text: str) -> tuple[bool, str]:
+    """A chat completion's verdict: HTTP 200, a finish_reason of stop or length, and at least one
+    generated token (usage.completion_tokens); the detail shows the start of the answer.
+
+        HTTP 200; finish_reason length; 16 tokens: "NORTHUMBERLAND played ..."
+    """
+    if code != 200:
+        return False, f"HTTP {code}: {text.strip()[:160]}" if code else f"no answer: {text.strip()[:120]}"
+    try:
+        doc = json.loads(text)
+        choice = doc["choices"][0]
+        finish, content = choice.get("finish_reason"), (choice.get("message") or {}).get("content") or ""
+        tokens = (doc.get("usage") or {}).get("completion_tokens")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return False, f"HTTP 200 but not a chat completion: {text.strip()[:120]}"
+    shown = " ".join(content.split())
+    detail = (f"HTTP 200; finish_reason {finish}; {tokens if tokens is not None else 'no'} token(s)"
+              + (f': "{shown[:60]}{"..." if len(shown) > 60 else ""}"' if shown else ""))
+    if finish not in FINISHED:
+        return False, detail + f" (expected {' or '.join(FINISHED)})"
+    if not isinstance(tokens, int) or tokens < 1:
+        return False, detail + " (no generated token)"
+    return True, detail
+
+
+def summarize_metrics(m: dict) -> dict:
+    def get(*names):
+        for n in names:
+            if n in m:
+                return m[n]
+        return None
+    q_ = get("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+    h_ = get("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+    d_ = get("vllm:spec_decode_num_draft_tokens_total")
+    a_ = get("vllm:spec_decode_num_accepted_tokens_total")
+    return {
+        "running": get("vllm:num_requests_running"),
+        "waiting": get("vllm:num_requests_waiting"),
+        "kv_cache_usage": get("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "prefix_cache_hit_rate": (h_ / q_) if q_ else None,
+        "spec_acceptance": (a_ / d_) if d_ else None,
+    }
+
+
+def kv_summary(per_rank: dict[int, int]) -> dict:
+    """KV tokens per DP rank -> min, sum and spread ((max - min) / max)."""
+    if not per_rank:
+        return {"per_rank": {}, "min": None, "sum": None, "spread": None}
+    lo, hi = min(per_rank.values()), max(per_rank.values())
+    return {"per_rank": {str(k): v for k, v in sorted(per_rank.items())}, "min": lo, "sum": sum(per_rank.values()),
+            "spread": (hi - lo) / hi if hi else 0.0}
+
+
+def _service_health(s: Session, svc: Service) -> RankHealth:
+    c = inspect(s, svc.spec.name)
+    usage = gpu_usage(s, svc.spec.gpus.uuids)
+    procs, used = usage.processes, usage.used_mib
+    reasons = []
+    if not c.exists or not c.running:
+        reasons.append(f"container {svc.spec.name} is {c.status if c.exists else 'missing'}")
+    serves_on_gpu = svc.spec.gpus.count and svc.expects("gpu_process", "required") == "required"
+    if c.running and serves_on_gpu and not procs:
+        reasons.append("no serving process on the GPU")
+    stopped = [p for p in procs if usage.states.get(str(p.pid)) in ("T", "t")]
+    if c.running and stopped:  # SIGSTOP, a debugger: alive, holding its GPU, and making no progress
+        p = stopped[0]
+        reasons.append(f"hung: {p.name} (pid {p.pid}) is stopped (state {usage.states[str(p.pid)]} in /proc/{p.pid}/stat)"
+                       + (f", and {len(stopped) - 1} more of its GPU processes" if len(stopped) > 1 else ""))
+    holding = {p.gpu_uuid for p in procs}
+    idle = [u for u in svc.spec.gpus.uuids if u and u not in holding]
+    if c.running and serves_on_gpu and procs and idle:
+        reasons.append(f"{len(idle)} of its {len(svc.spec.gpus.uuids)} GPUs hold no serving process")
+    if not serves_on_gpu:  # its GPUs are other services' (LMCache maps the replicas'): their memory is not its
+        used, procs = None, []
+    return RankHealth(svc.host, svc.rank, svc.name, c.status if c.exists else "missing",
+                      uptime(c.started) if c.running else None, used, procs[0].name if procs else None,
+                      not reasons, reasons)
+
+
+def health(inv: Inventory, probes_for=None) -> tuple[LaunchPlan, list[RankHealth], list[Probe], dict]:
+    """Every service's container and GPUs, then the endpoint's API probes; for a layout with its own
+    (railyard.layouts.replicas.health), probes_for(plan) gives api_probes(runner, plan, ranks) -> (probes, metrics)."""
+    with Runner(layouts.get(inv).hosts(inv)) as runner:
+        plan = build_plan(inv, runner, strict=False)
+        got = runner.each(lambda s: [_service_health(s, svc) for svc in plan.on_host(s.host.name)])
+        ranks = []
+        for h in plan.report_hosts():
+            res = got[h]
+            ranks += res if isinstance(res, list) else [
+                RankHealth(h, svc.rank, svc.name, "unreachable", None, None, None, False, [str(res.error)])
+                for svc in plan.on_host(h)]
+        api_probes = probes_for(plan) if probes_for else None
+        if api_probes is not None:
+            return (plan, ranks, *api_probes(runner, plan, ranks))
+        ep = plan.endpoint
+        s = runner.session(ep.host)
+        probes, metrics = _api_probes(s, ep)
+        svc = plan.service(ep.service)
+        text = metrics.pop("_text", "")
+        if "kv_engines" in plan.verifiers:
+            more, metrics["kv_per_rank"] = _engine_probes(s, svc, text)
+            probes += more
+    return plan, ranks, probes, metrics
+
+
+# vLLM's /health answers 200 unless the engine is dead (EngineDeadError), so a wedged engine stays "healthy"
+# (vllm-project/vllm #36451, #39863); its progress shows only in /metrics. A probe that has no answer within
+# vllm_hung_after_s (20 s by default) is judged on the engine's token counters: unchanged over that window
+# (while /health answers) is a hung engine; moved is a busy one, asked again for the rest of CHAT_LIMIT_S
+CHAT_LIMIT_S = 120
+PROGRESS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+def _counters(s: Session, ep: Endpoint) -> tuple[dict | None, str, float]:
+    """The engine's token counters from /metrics (None when it did not answer), its text, and when."""
+    code, _, text = _curl(s, ep, "/metrics", timeout=10)
+    when = time.time()
+    if code != 200:
+        return None, "", when
+    m = parse_metrics(text)
+    return ({k: m[k] for k in PROGRESS if k in m} or None), text, when
+
+
+def judge_progress(before: dict | None, after: dict | None, reads: tuple[float, float], waited_s: float,
+                   health_ok: bool) -> tuple[str, str]:
+    """(`hung`, `busy` or `unknown`, the evidence) for an engine that gave the probe no token in waited_s:
+    hung only on evidence read twice (both /metrics samples at the times `reads`, the same token
+    counters) while /health answers."""
+    def shown(c):
+        return ", ".join(f"{k.split(':')[1]} {c[k]:,.0f}" for k in PROGRESS if k in c)
+    if before is None or after is None or set(before) != set(after):
+        return "unknown", "its token counters could not be read twice from /metrics"
+    at = " and ".join(time.strftime("%H:%M:%S", time.localtime(t)) for t in reads)
+    if after == before:
+        return ("hung" if health_ok else "unknown",
+                f"no token for the probe in {waited_s:.0f} s and its token counters did not move ({shown(after)} "
+                f"at {at})" + (" while /health answers 200" if health_ok else ""))
+    moved = {k.split(":")[1]: after[k] - before[k] for k in PROGRESS if k in after and after[k] != before[k]}
+    return "busy", (f"no answer in {waited_s:.0f} s, but it made progress between {at} ("
+                    + ", ".join(f"{k} +{v:,.0f}" for k, v in moved.items()) + ")")
+
+
+def _api_probes(s: Session, ep: Endpoint) -> tuple[list[Probe], dict]:
+    probes: list[Probe] = []
+    metrics: dict = {}
+    served = ep.model
+    before, _, t0 = _counters(s, ep)
+    code, ms, text = _curl(s, ep, "/health", timeout=10)
+    health_ok = code == 200
+    probes.append(Probe("/health", health_ok, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms))
+    code, ms, text = _curl(s, ep, "/v1/models", timeout=10)
+    try:
+        ids = [m["id"] for m in json.loads(text).get("data", [])] if code == 200 else []
+    except (ValueError, AttributeError):
+        ids = []
+    probes.append(Probe("/v1/models", code == 200 and served in ids,
+                        (f"HTTP {code}; serves {', '.join(ids) or 'nothing'}" if code else f"no answer: {text[:120]}")
+                        + ("" if served in ids else f" (expected {served})"), ms))
+    body = CHAT_PROBE | {"model": served}
+    hung_after = int(s.host.vars.get("vllm_hung_after_s", 20))
+    code, ms, text = _curl(s, ep, "/v1/chat/completions", body, timeout=hung_after)
+    if code == 0:  # no answer yet: did the engine move at all?
+        after, _, t1 = _counters(s, ep)
+        verdict, evidence = judge_progress(before, after, (t0, t1), ms / 1000, health_ok)
+        if verdict == "busy":
+            code, more, text = _curl(s, ep, "/v1/chat/completions", body, timeout=CHAT_LIMIT_S - hung_after)
+            ms += more
+        else:
+            probes.append(Probe("progress", False, f"{verdict}: {evidence}" if verdict == "hung" else evidence))
+    ok, detail = judge_answer(code, text)
+    probes.append(Probe("chat completion", ok, detail, ms))
+    code, ms, text = _curl(s, ep, "/metrics", timeout=10)
+    if code == 200:
+        metrics = summarize_metrics(parse_metrics(text))
+        metrics["_text"] = text
+    probes.append(Probe("/metrics", code == 200, f"HTTP {code}", ms))
+    return probes, metrics
+
+
+def _engine_probes(s: Session, svc: Service, metrics_text: str) -> tuple[list[Probe], dict]:
+    """DP attention: one KV cache per engine core in the log, and every engine in /metrics."""
+    want = int(svc.expects("kv_engines", "1"))
+    per_rank = parse_kv_cache(log_tail(s, svc.spec.name, None))
+    kv = kv_summary(per_rank)
+    missing = [r for r in range(want) if r not in per_rank]
+    detail = (f"{len(per_rank)} of {want} DP ranks: min {kv['min']:,} tokens, sum {kv['sum']:,}, spread "
+              f"{kv['spread'] * 100:.1f} %" if per_rank else f"no `KV cache size` line from {describe(svc)}")
+    if missing and per_rank:
+        detail += f"; no KV line from rank(s) {', '.join(map(str, missing))}"
+    engines = metric_engines(metrics_text)
+    absent = [str(r) for r in range(want) if str(r) not in engines]
+    return [Probe("KV cache per DP rank", not missing, detail),
+            Probe("engines in /metrics", bool(metrics_text) and not absent,
+                  (f"engine labels {', '.join(sorted(engines)) or 'none'}" if metrics_text else "no /metrics")
+                  + (f"; missing {', '.join(absent)}" if absent and metrics_text else ""))], kv
+
