@@ -8,7 +8,7 @@
             A: {ansible_host: 10.0.0.11, rank: 0, rails: {cx8r1: {hca: mlx5_1, ipv4: 192.168.101.1/24}}}
 
 Variables come from `roles/<role>/defaults/main.yml`, then the chosen layout's own
-defaults (`roles/<role>/layouts/<serve_layout>.yml`), and are overridden, in this order,
+defaults (`layouts/<package>/<serve_layout>.yml`, beside its plan), and are overridden, in this order,
 by group vars (`all` first, then each group down to the host's own), host vars, and
 finally `--set KEY=VALUE` on the command line: see `merge_vars`.
 Every problem found is reported as one line naming the file, the key path and
@@ -30,6 +30,7 @@ from .errors import MISSING, InventoryError, Problem, UsageError
 
 ENV_INVENTORY = "RAILYARD_INVENTORY"
 ROLES_DIR = Path(__file__).resolve().parent / "roles"
+LAYOUTS_DIR = Path(__file__).resolve().parent / "layouts"
 
 # Connection variables in Ansible's spelling, settable at any level.
 CONNECTION_DEFAULTS: dict[str, Any] = {
@@ -47,14 +48,8 @@ CLUSTER_WIDE = (
     "vllm_port", "vllm_master_port", "vllm_tensor_parallel_size", "preflight_mtu",
 )
 
-# What the pd layout compares itself (its pools may differ in TP and ports; the NIXL handshake's
-# own terms, one line per difference, for the rest).
-PD_OWN_CHECKS = ("vllm_image", "vllm_port", "vllm_master_port", "vllm_tensor_parallel_size", "model_repo",
-                 "model_revision")
 
 MAX_YAML_BYTES = 4 << 20  # an inventory is kilobytes; refuse what no one wrote by hand
-# The values serve_layout takes; each is a module of railyard/serving/layouts.
-LAYOUTS = ("multinode_tp", "single_node_tp", "dp_ep", "replicas", "pd")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 CONTAINER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{1,62}$")  # docker's [a-zA-Z0-9][a-zA-Z0-9_.-]+
@@ -248,11 +243,11 @@ def role_layers(roles_dir: Path = ROLES_DIR) -> list[Layer]:
     return layers
 
 
-def layout_layers(roles_dir: Path = ROLES_DIR) -> dict[str, list[Layer]]:
-    """Each layout's own defaults (`roles/*/layouts/<layout>.yml`), by layout name."""
+def layout_layers(layouts_dir: Path = LAYOUTS_DIR) -> dict[str, list[Layer]]:
+    """Each layout's own defaults (`layouts/<package>/<layout>.yml`, beside its plan), by layout name."""
     problems: list[Problem] = []
     out: dict[str, list[Layer]] = {}
-    for f in sorted(roles_dir.glob("*/layouts/*.yml")):
+    for f in sorted(layouts_dir.glob("*/*.yml")):
         out.setdefault(f.stem, []).append(Layer(str(f), "", _read_yaml(f, problems) or {}))
     if problems:
         raise InventoryError(problems)
@@ -305,7 +300,7 @@ def load_inventory(path: str | os.PathLike | None, overrides: Iterable[str] | No
     problems: list[Problem] = []
     base = role_layers(roles_dir)
     defaults = Layer(str(roles_dir), "", {k: v for layer in base for k, v in layer.values.items()})
-    by_layout = layout_layers(roles_dir)
+    by_layout = layout_layers()
     nullable = {k for layers in by_layout.values() for layer in layers for k, v in layer.values.items() if v is None}
     cli = parse_overrides(overrides)
     known = set(defaults.values)
@@ -460,6 +455,19 @@ class _Tree:
                 self.problems.append(Problem(file, where, v, f"unknown key{_suggest(str(k), self.known | HOST_ONLY_KEYS)}"))
 
 
+def layout_names() -> tuple[str, ...]:
+    """The values serve_layout takes: the registered layouts (railyard.plan.layout, imported when it is
+    asked: the layouts build on this module)."""
+    from .plan import layout
+    return layout.names()
+
+
+def _own_checks(name: str) -> tuple[str, ...]:
+    """The cluster-wide variables a layout compares itself (pd's pools may differ in TP and ports)."""
+    from .plan import layout
+    return layout.by_name(name).own_checks if name in layout.names() else ()
+
+
 def _suggest(key: str, known: set[str]) -> str:
     import difflib
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
@@ -586,8 +594,8 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
             bad(k, what)
     if not REVISION_RE.match(values["model_revision"]):
         bad("model_revision", "must be a pinned 40-hex commit hash")
-    if values["serve_layout"] not in LAYOUTS:
-        bad("serve_layout", f"unknown layout (one of: {', '.join(LAYOUTS)})")
+    if values["serve_layout"] not in layout_names():
+        bad("serve_layout", f"unknown layout (one of: {', '.join(layout_names())})")
     bad_env = [k for k in values["vllm_extra_env"] if not isinstance(k, str) or not ENV_NAME_RE.match(k)]
     if bad_env:
         bad("vllm_extra_env", f"{bad_env[0]!r} is not an environment variable name (letters, digits, _)")
@@ -645,8 +653,9 @@ def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: 
         if r not in by_rank and r != 0 and not problems:
             problems.append(Problem(file, "all", MISSING, f"missing rank {r}: ranks must be 0..{len(hosts) - 1}"))
     head = by_rank.get(0, hosts[0])
+    own = _own_checks(head.vars["serve_layout"])
     for key in CLUSTER_WIDE:
-        if head.vars["serve_layout"] == "pd" and key in PD_OWN_CHECKS:
+        if key in own:  # the layout compares these itself
             continue
         for h in hosts:
             if h.vars[key] != head.vars[key]:
@@ -683,6 +692,12 @@ def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: 
 def origin_of(h: Host, key: str) -> tuple[str, str]:
     """Where a host's variable was last set, for a problem line."""
     return h.origins.get(key, ("(defaults)", key))
+
+
+def set_by_default(h: Host, key: str) -> bool:
+    """Only railyard's own defaults set this value (a role's or the layout's file), not the inventory or --set."""
+    where = Path(origin_of(h, key)[0])
+    return where.is_relative_to(ROLES_DIR) or where.is_relative_to(LAYOUTS_DIR)
 
 
 def _is_ip(s: str) -> bool:

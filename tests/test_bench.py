@@ -10,7 +10,7 @@ import zlib
 import pytest
 
 from railyard.bench import aiperf
-from railyard.cli import bench_view as view
+from railyard.cli import bench as view
 from railyard.bench.aiperf import Load, parse_export, record_errors
 from railyard.bench.plots import plot_all
 from railyard.bench.run import Options, Series, make_summary, parse_concurrency

@@ -386,10 +386,10 @@ def test_model_and_gpu_flags_need_no_inventory():
 
 
 def run_plan(capsys, *args, **kw):
-    from railyard import cli
+    from railyard.cli import capacity
     code = 0
     try:
-        cli.plan(*args, **kw)
+        capacity.plan(*args, **kw)
     except Exit as e:
         code = e.code
     out = capsys.readouterr()
@@ -397,7 +397,7 @@ def run_plan(capsys, *args, **kw):
 
 
 def test_plan_json_contract(glm, capsys):
-    code, out, _ = run_plan(capsys, model=str(glm), gpu_memory_gib=H200_GIB, gpus=8, json_out=True)
+    code, out, _ = run_plan(capsys, model=str(glm), gpu_memory_gib=H200_GIB, gpus=8, json=True)
     doc = json.loads(out)
     assert code == 0 and doc["ok"] is True and set(doc) >= {"ok", "assumptions", "layouts"}
     assert [lp["layout"] for lp in doc["layouts"]] == ["single_node_tp", "dp_ep"]
@@ -417,7 +417,7 @@ def test_plan_table_prints_both_layouts_and_the_assumptions(mixtral, capsys):
 def test_plan_bad_checkpoint_exits_2_with_one_line(tmp_path, capsys):
     root = tiny(tmp_path)
     (root / "config.json").write_text("{")
-    code, out, err = run_plan(capsys, model=str(root), gpu_memory_gib=140, gpus=8, json_out=True)
+    code, out, err = run_plan(capsys, model=str(root), gpu_memory_gib=140, gpus=8, json=True)
     assert code == 2 and out == "" and err.count("\n") == 1 and f"{root}/config.json" in err
 
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from railyard.verbs import export
-from railyard import facts as F
+from railyard.facts.gpu import Gpu
 from railyard.inventory import load_inventory
 from railyard.render import docker
 from railyard.plan import layout as layouts
@@ -73,7 +73,7 @@ def docker_plan(layout):
     _, count = lay.needs(inv)
     facts = {}
     for k, h in enumerate(lay.hosts(inv)):
-        gpus = [F.Gpu(i, f"GPU-{h.name}-{i:04d}", h.vars["cluster_gpu_name"], 0, 1000) for i in range(count)]
+        gpus = [Gpu(i, f"GPU-{h.name}-{i:04d}", h.vars["cluster_gpu_name"], 0, 1000) for i in range(count)]
         facts[h.name] = HostFacts(h, home="/home/u", gpus=gpus, gid_index=3 + 2 * k,
                                   cpus_by_gpu={i: [i] for i in range(count)})
     return lay.plan(inv, facts)

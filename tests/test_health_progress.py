@@ -16,11 +16,12 @@ import signal
 import subprocess
 import time
 
+from railyard.checks.health import Probe, RankHealth
 from railyard.verbs import verify
 from railyard.inventory import Host
 from railyard.facts.host import PROC_STATES
 from railyard.plan.spec import Endpoint
-from railyard.transport import FakeSession
+from railyard.testing import FakeSession
 
 EP = Endpoint("head", "A", "127.0.0.1", 8000, "", "railyard-lab/tiny-qwen3")
 ANSWER = ('{"choices": [{"finish_reason": "length", "message": {"content": "Ready ready ready"}}], '
@@ -117,19 +118,20 @@ class _Enough(Exception):
 
 def test_watch_prints_the_first_look_whole_then_a_stamped_line_per_changed_check(monkeypatch, capsys):
     from railyard import cli
+    from railyard.cli import verify as health_cli
     from railyard.report import health_report
 
     def look(b_hung: bool):
-        b = verify.RankHealth("B", 1, "worker-1", "running", 60.0, 1000, "VLLM::Worker_TP1", not b_hung,
+        b = RankHealth("B", 1, "worker-1", "running", 60.0, 1000, "VLLM::Worker_TP1", not b_hung,
                               ["hung: VLLM::Worker_TP1 (pid 4242) is stopped (state T in /proc/4242/stat)"] if b_hung else [])
-        a = verify.RankHealth("A", 0, "head", "running", 60.0, 1000, "VLLM::Worker_TP0", True, [])
-        probes = [verify.Probe("/health", True, "HTTP 200", 2.0)]
+        a = RankHealth("A", 0, "head", "running", 60.0, 1000, "VLLM::Worker_TP0", True, [])
+        probes = [Probe("/health", True, "HTTP 200", 2.0)]
         return None, [a, b], probes, {}, health_report([a, b], probes, {}, "A")
 
     looks = iter([look(False), look(False), look(True), look(True), look(False)])
-    monkeypatch.setattr(cli, "_inventory", lambda *a: None)
-    monkeypatch.setattr(cli, "_health_look", lambda inv: next(looks))
-    monkeypatch.setattr(cli, "_health_view", lambda *a: print("THE WHOLE VIEW"))
+    monkeypatch.setattr(cli, "load_inventory", lambda *a: None)
+    monkeypatch.setattr(health_cli, "_health_look", lambda inv: next(looks))
+    monkeypatch.setattr(health_cli, "_health_view", lambda *a: print("THE WHOLE VIEW"))
     rounds = iter(range(4))
 
     def sleep(_seconds):  # the fifth look's sleep ends the watch, as Ctrl-C would
@@ -137,7 +139,7 @@ def test_watch_prints_the_first_look_whole_then_a_stamped_line_per_changed_check
             raise _Enough
     monkeypatch.setattr(time, "sleep", sleep)
     try:
-        cli.health(watch=1)
+        health_cli.health(watch=1)
     except _Enough:
         pass
     out = capsys.readouterr().out.splitlines()

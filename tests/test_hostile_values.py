@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import yaml
 
-from railyard import facts as F
+from railyard.facts.gpu import Gpu
 from railyard.errors import InventoryError
 from railyard.inventory import load_inventory
 from railyard.render import docker, envfile
@@ -43,7 +43,7 @@ def facts_for(inv):
     out = {}
     for h in inv.hosts:
         n = int(h.vars["cluster_gpus_per_host"])
-        gpus = [F.Gpu(i, f"GPU-{h.name}-{i:04d}", "NVIDIA B300", 0, 275040) for i in range(n)]
+        gpus = [Gpu(i, f"GPU-{h.name}-{i:04d}", "NVIDIA B300", 0, 275040) for i in range(n)]
         out[h.name] = HostFacts(h, home="/home/ubuntu", gpus=gpus, gid_index=3,
                                 cpus_by_gpu={i: list(range(i * 4, i * 4 + 4)) for i in range(n)})
     return out

@@ -5,7 +5,9 @@ import subprocess
 
 import pytest
 
-from railyard import facts as F
+from railyard.facts.docker import parse_docker_version
+from railyard.facts.gpu import parse_compute_apps, parse_gpus
+from railyard.facts.net import parse_ibdev2netdev, parse_show_gids, roce_v2_index
 import railyard_lab as lab
 from railyard_lab import faults
 
@@ -31,19 +33,19 @@ def test_each_host_has_its_own_home_and_hostname(healthy_lab):
 
 
 def test_simulated_tools_follow_the_kernel(healthy_lab):
-    rows = F.parse_ibdev2netdev(on("B", "ibdev2netdev").stdout)
+    rows = parse_ibdev2netdev(on("B", "ibdev2netdev").stdout)
     assert [(r.hca, r.netdev, r.up) for r in rows] == [("mlx5_0", "cx8r0", True), ("mlx5_1", "cx8r1", True)]
     subprocess.run(["ip", "-n", "rylab-B", "link", "set", "cx8r1", "down"], check=True)
     try:
-        rows = F.parse_ibdev2netdev(on("B", "ibdev2netdev").stdout)
+        rows = parse_ibdev2netdev(on("B", "ibdev2netdev").stdout)
         assert [r.up for r in rows] == [True, False]
     finally:
         subprocess.run(["ip", "-n", "rylab-B", "link", "set", "cx8r1", "up"], check=True)
     subprocess.run(["ip", "-n", "rylab-B", "addr", "add", "198.18.101.99/24", "dev", "cx8r1"], check=True)
     try:
-        gids = F.parse_show_gids(on("B", "show_gids", "mlx5_1").stdout)
-        assert F.roce_v2_index(gids, "mlx5_1", "198.18.101.12") == 3
-        assert F.roce_v2_index(gids, "mlx5_1", "198.18.101.99") == 5  # a second address: next pair
+        gids = parse_show_gids(on("B", "show_gids", "mlx5_1").stdout)
+        assert roce_v2_index(gids, "mlx5_1", "198.18.101.12") == 3
+        assert roce_v2_index(gids, "mlx5_1", "198.18.101.99") == 5  # a second address: next pair
     finally:
         subprocess.run(["ip", "-n", "rylab-B", "addr", "del", "198.18.101.99/24", "dev", "cx8r1"], check=True)
 
@@ -52,11 +54,11 @@ def test_nvidia_smi_stand_in_matches_the_real_format(healthy_lab):
     table = on("A", "nvidia-smi").stdout.splitlines()
     assert all(len(line) == 91 for line in table[1:] if line.startswith(("|", "+")))
     assert "Driver Version: " in table[2] and "CUDA Version: 13.0" in table[2]
-    gpus = F.parse_gpus(on("A", "nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total",
+    gpus = parse_gpus(on("A", "nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total",
                            "--format=csv,noheader,nounits").stdout)
     assert [g.name for g in gpus] == ["NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA GB300"]
     faults.fault("A", "gpu-busy", "1234")
-    apps = F.parse_compute_apps(on("A", "nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+    apps = parse_compute_apps(on("A", "nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
                                    "--format=csv,noheader,nounits").stdout)
     assert [(a.gpu_uuid, a.name, a.used_mib) for a in apps] == [(gpus[1].uuid, "python3", 1234)]
     assert on("A", "kill", "-0", str(apps[0].pid)).returncode == 0  # a real process on that host
@@ -68,7 +70,7 @@ def test_nvidia_smi_stand_in_matches_the_real_format(healthy_lab):
 
 def test_docker_stand_in(healthy_lab):
     v = on("A", "docker", "version")
-    assert v.returncode == 0 and F.parse_docker_version(v.stdout).server == "28.2.2"
+    assert v.returncode == 0 and parse_docker_version(v.stdout).server == "28.2.2"
     miss = on("A", "docker", "image", "inspect", "nope:1")
     assert miss.returncode == 1 and miss.stdout.strip() == "[]" and "No such image: nope:1" in miss.stderr
     fmt = on("A", "docker", "image", "inspect", lab.LAB_IMAGE_NAME, "--format", "{{.Architecture}} {{.RepoDigests}}")

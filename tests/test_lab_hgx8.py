@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from railyard import facts as F
+from railyard.facts.gpu import parse_compute_apps, parse_cpu_list, parse_gpus, parse_lscpu_numa, parse_topo_matrix
+from railyard.facts.net import parse_ibdev2netdev, parse_ip_br_addr, parse_ip_link, parse_show_gids, roce_v2_index
 import railyard_lab as lab
 from railyard.inventory import load_inventory
 from railyard_lab import faults
@@ -39,12 +40,12 @@ def clean(hgx8):
 
 
 def uuids(host="A"):
-    return [g.uuid for g in F.parse_gpus(on(host, "nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total",
+    return [g.uuid for g in parse_gpus(on(host, "nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total",
                                             "--format=csv,noheader,nounits").stdout)]
 
 
 def apps(host="A"):
-    return F.parse_compute_apps(on(host, "nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+    return parse_compute_apps(on(host, "nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
                                    "--format=csv,noheader,nounits").stdout)
 
 
@@ -69,7 +70,7 @@ def wait_exit(name, timeout=20):
 
 
 def test_eight_gpus_on_two_numa_nodes(hgx8):
-    gpus = F.parse_gpus(on("A", "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
+    gpus = parse_gpus(on("A", "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
                                 "--format=csv,noheader,nounits").stdout)
     assert [(g.index, g.name, g.memory_total_mib) for g in gpus] == [(i, "NVIDIA H200", 143771) for i in range(8)]
     assert on("A", "nvidia-smi -L").stdout.count("NVIDIA H200 (UUID: GPU-") == 8
@@ -77,12 +78,12 @@ def test_eight_gpus_on_two_numa_nodes(hgx8):
     assert all(len(line) == 91 for line in table[1:] if line.startswith(("|", "+")))
     topo_out = on("A", "nvidia-smi topo -m").stdout
     assert topo_out.startswith("\tGPU0\tGPU1") and "\tNIC7\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n" in topo_out
-    topo = F.parse_topo_matrix(topo_out)
-    numa = F.parse_lscpu_numa(on("A", "lscpu").stdout)
+    topo = parse_topo_matrix(topo_out)
+    numa = parse_lscpu_numa(on("A", "lscpu").stdout)
     assert sorted(numa) == [0, 1] and len(numa[0]) == len(numa[1]) == 112
     assert [topo[i].numa_affinity for i in range(8)] == [0] * 4 + [1] * 4
     for i in range(8):  # the CPUs nvidia-smi names for a GPU are its NUMA node's CPUs, as lscpu says
-        assert F.parse_cpu_list(topo[i].cpu_affinity) == numa[topo[i].numa_affinity]
+        assert parse_cpu_list(topo[i].cpu_affinity) == numa[topo[i].numa_affinity]
         assert [n for n, r in topo[i].nics.items() if r == "PIX"] == [f"mlx5_{i}"]
         assert set(topo[i].gpus.values()) == {"NV18"}
     assert topo[0].nics["mlx5_1"] == "NODE" and topo[0].nics["mlx5_4"] == "SYS"
@@ -97,29 +98,29 @@ def test_the_per_cpu_list_is_the_one_the_real_engine_reads(hgx8):
     shape = {re.sub(r"\d+", "N", ln) for ln in real.splitlines()}
     assert {re.sub(r"\d+", "N", ln) for ln in out.splitlines()} == shape    # line for line the real form
     cpus = json.loads(out)["cpus"]
-    numa = F.parse_lscpu_numa(on("A", "lscpu").stdout)
+    numa = parse_lscpu_numa(on("A", "lscpu").stdout)
     assert [c["cpu"] for c in cpus] == list(range(224))
     assert all(c["cpu"] in numa[c["node"]] for c in cpus)
     assert {c["core"] for c in cpus} == set(range(112)) and cpus[112]["core"] == cpus[0]["core"]  # 2 threads a core
 
 def test_eight_rails_are_real_9000_mtu_links(hgx8):
-    rows = F.parse_ibdev2netdev(on("B", "ibdev2netdev").stdout)
+    rows = parse_ibdev2netdev(on("B", "ibdev2netdev").stdout)
     assert [(r.hca, r.netdev, r.up) for r in rows] == [(f"mlx5_{k}", n, True) for k, n in enumerate(RAILS)]
-    links = F.parse_ip_link(on("B", "ip -o link show").stdout)
-    addrs = F.parse_ip_br_addr(on("B", "ip -br addr").stdout)
+    links = parse_ip_link(on("B", "ip -o link show").stdout)
+    addrs = parse_ip_br_addr(on("B", "ip -br addr").stdout)
     for k, n in enumerate(RAILS):
         assert len(n) <= 15 and links[n].mtu == 9000 and addrs[n].ipv4 == [f"198.18.{100 + k}.12/24"]
     # a jumbo frame crosses the last rail to the peer, and the rail's RoCE v2 GID follows its address
     r = on("A", f"ping -c 1 -W 2 -M do -s 8972 -I {RAILS[7]} 198.18.107.12")
     assert r.returncode == 0 and "1 received" in r.stdout
-    gids = F.parse_show_gids(on("B", "show_gids mlx5_7").stdout)
-    assert F.roce_v2_index(gids, "mlx5_7", "198.18.107.12") == 3
+    gids = parse_show_gids(on("B", "show_gids mlx5_7").stdout)
+    assert roce_v2_index(gids, "mlx5_7", "198.18.107.12") == 3
     inv = load_inventory(hgx8, [])
     a = inv.host("A")
     assert list(a.rails) == RAILS and a.vars["cluster_serve_rail"] == RAILS[0] and a.vars["cluster_gpu_name"] == "H200"
     faults.fault("B", "mtu", "1500")  # faults act on the serving rail of the shape
     try:
-        assert F.parse_ip_link(on("B", "ip -o link show").stdout)[RAILS[0]].mtu == 1500
+        assert parse_ip_link(on("B", "ip -o link show").stdout)[RAILS[0]].mtu == 1500
     finally:
         faults.heal("B")
 
@@ -220,13 +221,13 @@ def test_b200_by_option_then_h200_again(hgx8):
     r = inv_cmd("lab.up", "--shape", "hgx8", "--gpu", "B200")  # same shape: only what the tools report changes
     assert r.returncode == 0 and r.stdout.strip() == str(hgx8)
     try:
-        gpus = F.parse_gpus(on("B", "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
+        gpus = parse_gpus(on("B", "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
                                     "--format=csv,noheader,nounits").stdout)
         assert [(g.name, g.memory_total_mib) for g in gpus] == [("NVIDIA B200", 183359)] * 8
         assert load_inventory(hgx8, []).host("B").vars["cluster_gpu_name"] == "B200"
         assert json.loads((lab.lab_dir() / "lab.json").read_text())["gpu"] == "B200"
     finally:
         lab.up(2, log=lambda *_: None, shape="hgx8")
-    assert F.parse_gpus(on("B", "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
+    assert parse_gpus(on("B", "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
                                 "--format=csv,noheader,nounits").stdout)[0].name == "NVIDIA H200"
     assert time.monotonic() - t0 < 20

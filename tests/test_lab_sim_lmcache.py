@@ -13,7 +13,7 @@ import shlex
 
 import pytest
 
-from railyard import facts as F
+from railyard.facts.gpu import parse_compute_apps, parse_gpus
 import railyard_lab as lab
 from railyard_lab.checkpoint import write_checkpoint
 
@@ -32,12 +32,12 @@ PROMPT = " ".join(f"w{random.Random(7).randrange(10 ** 6)}x{i % 97}" for i in ra
 
 
 def uuids():
-    return [g.uuid for g in F.parse_gpus(on("A", "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
+    return [g.uuid for g in parse_gpus(on("A", "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
                                                  "--format=csv,noheader,nounits").stdout)]
 
 
 def apps():
-    return F.parse_compute_apps(on("A", "nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory "
+    return parse_compute_apps(on("A", "nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory "
                                         "--format=csv,noheader,nounits").stdout)
 
 
@@ -135,7 +135,7 @@ def test_a_killed_replica_leaves_lmcache_holding_its_gpus(lmc):
     held = [a for a in apps() if a.pid == lmc_pid]
     assert sorted(a.gpu_uuid for a in held) == sorted(u[2:4]) and all(a.used_mib > 100_000 for a in held)
     assert all(a.pid != lmc_pid for a in apps() if a.gpu_uuid in u[0:2])  # r0 lives: no double count
-    gpus = F.parse_gpus(on("A", "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
+    gpus = parse_gpus(on("A", "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
                                 "--format=csv,noheader,nounits").stdout)
     assert gpus[2].memory_used_mib > 100_000
     assert on("A", "docker start r1").returncode == 0

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from railyard import facts as F
+from railyard.facts.gpu import parse_gpus
 import railyard_lab as lab
 from railyard_lab.checkpoint import write_checkpoint
 
@@ -34,7 +34,7 @@ def rail(host):
 
 
 def uuids(host):
-    return [g.uuid for g in F.parse_gpus(on(host, "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
+    return [g.uuid for g in parse_gpus(on(host, "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total "
                                                   "--format=csv,noheader,nounits").stdout)]
 
 

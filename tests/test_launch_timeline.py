@@ -8,13 +8,15 @@ import io
 import json
 import re
 
+import pytest
 from rich.console import Console
 
-from railyard import cli
+from railyard.cli import serve as cli
 from railyard.verbs import serve as L
 from railyard.apply import executor as ops
 from railyard.apply import timeline as T
 from railyard.report import launch_report
+from railyard.testing import FakeClock
 from railyard.transport.runner import Runner
 from railyard.engines.vllm import MILESTONE_GREP
 
@@ -24,6 +26,12 @@ from .test_plan import hgx_plan, station_plan
 
 TP1 = {"weights_loaded": 78.19, "kv_cache_allocated": 79.41, "engine_initialised": 82.21, "api_ready": 84.07}
 TP2 = {"weights_loaded": 40.75, "kv_cache_allocated": 42.08, "engine_initialised": 44.63, "api_ready": 46.43}
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch):
+    """The executor's gates wait on a fake clock: no test here sleeps for real."""
+    monkeypatch.setattr(ops, "clock", FakeClock())
 
 
 def plain(log_t: str) -> str:

@@ -5,7 +5,10 @@ blocks preflight's fan-out prints (`@@peer IP rc=N`, the small warm-up ping, the
 
 import ipaddress
 
-from railyard import checks as C
+from railyard.checks import FAIL, PASS, CheckResult
+from railyard.checks.net import check_jumbo_ping, check_ssh_peer
+from railyard.checks.parity import one_cause
+from railyard.facts.net import JUMBO_MARK
 from railyard.inventory import Host, Rail
 from railyard.facts.probe import Output
 
@@ -28,23 +31,23 @@ A, B = host("A", "198.18.101.11"), host("B", "198.18.101.12")
 
 
 def block(peer, small, jumbo, rc=1):
-    return Output(0, f"@@peer {peer.serve_rail.ip} rc={rc}\n{small}{C.JUMBO_MARK}\n{jumbo}")
+    return Output(0, f"@@peer {peer.serve_rail.ip} rc={rc}\n{small}{JUMBO_MARK}\n{jumbo}")
 
 
 def test_real_partial_loss_still_warns_after_the_warm_up_ping():
-    r = C.check_jumbo_ping(A, block(B, SMALL, PARTIAL), [B])
+    r = check_jumbo_ping(A, block(B, SMALL, PARTIAL), [B])
     assert r.status == "warn" and "1/3 received (ping: sendmsg: No buffer space available)" in r.detail
-    assert C.check_jumbo_ping(A, block(B, SMALL, OK, rc=0), [B]).status == "pass"
+    assert check_jumbo_ping(A, block(B, SMALL, OK, rc=0), [B]).status == "pass"
 
 
 def test_an_mtu_black_hole_is_named_once_and_the_rest_point_at_it():
     pings = {"A": block(B, SMALL, SILENT), "B": block(A, SMALL, SILENT)}
-    per = {h.name: {"mtu": C.CheckResult(h.name, "mtu", C.PASS, "cx8r1 mtu 9000"),
-                    "jumbo_ping": C.check_jumbo_ping(h, pings[h.name], [p for p in (A, B) if p is not h])}
+    per = {h.name: {"mtu": CheckResult(h.name, "mtu", PASS, "cx8r1 mtu 9000"),
+                    "jumbo_ping": check_jumbo_ping(h, pings[h.name], [p for p in (A, B) if p is not h])}
            for h in (A, B)}
-    per["A"]["ssh_peer"] = C.check_ssh_peer(A, Output(0, "@@peer 198.18.101.12 rc=124\n"), [B])
+    per["A"]["ssh_peer"] = check_ssh_peer(A, Output(0, "@@peer 198.18.101.12 rc=124\n"), [B])
     assert "ssh hung" in per["A"]["ssh_peer"].detail
-    C.one_cause([A, B], per, pings)
+    one_cause([A, B], per, pings)
     texts = [r.detail for checks in per.values() for r in checks.values()]
     assert sum("an MTU black hole between A and B" in t for t in texts) == 1
     assert "tracepath" in per["A"]["jumbo_ping"].hint and "9216" in per["A"]["jumbo_ping"].hint
@@ -54,10 +57,10 @@ def test_an_mtu_black_hole_is_named_once_and_the_rest_point_at_it():
 
 def test_a_wrong_mtu_at_one_end_is_the_cause_not_a_black_hole():
     pings = {"A": block(B, SMALL, SILENT)}
-    per = {"A": {"mtu": C.CheckResult("A", "mtu", C.PASS, "cx8r1 mtu 9000"),
-                 "jumbo_ping": C.check_jumbo_ping(A, pings["A"], [B])},
-           "B": {"mtu": C.CheckResult("B", "mtu", C.FAIL, "cx8r1 mtu 1500, expected 9000")}}
-    C.one_cause([A, B], per, pings)
+    per = {"A": {"mtu": CheckResult("A", "mtu", PASS, "cx8r1 mtu 9000"),
+                 "jumbo_ping": check_jumbo_ping(A, pings["A"], [B])},
+           "B": {"mtu": CheckResult("B", "mtu", FAIL, "cx8r1 mtu 1500, expected 9000")}}
+    one_cause([A, B], per, pings)
     d = per["A"]["jumbo_ping"].detail
     assert "likely cause: B's MTU (cx8r1 mtu 1500, expected 9000; see B's mtu check)" in d and "black hole" not in d
 
@@ -65,8 +68,8 @@ def test_a_wrong_mtu_at_one_end_is_the_cause_not_a_black_hole():
 def test_nothing_passing_at_all_is_not_called_an_mtu_black_hole():
     dead = SMALL.replace("1 received, 0% packet loss", "0 received, 100% packet loss")
     pings = {"A": block(B, dead, SILENT)}
-    per = {"A": {"mtu": C.CheckResult("A", "mtu", C.PASS, "ok"), "jumbo_ping": C.check_jumbo_ping(A, pings["A"], [B])},
-           "B": {"mtu": C.CheckResult("B", "mtu", C.PASS, "ok")}}
+    per = {"A": {"mtu": CheckResult("A", "mtu", PASS, "ok"), "jumbo_ping": check_jumbo_ping(A, pings["A"], [B])},
+           "B": {"mtu": CheckResult("B", "mtu", PASS, "ok")}}
     before = per["A"]["jumbo_ping"]
-    C.one_cause([A, B], per, pings)
+    one_cause([A, B], per, pings)
     assert per["A"]["jumbo_ping"] == before

@@ -10,13 +10,21 @@ from railyard.errors import LaunchError
 from railyard.apply import executor as ops
 from railyard.apply.envfiles import EnvFile
 from railyard.render import docker
+from railyard.render.docker import run_line
 from railyard.transport.runner import Runner
 from railyard.facts import host as hostfacts
-from railyard.facts.probe import answer
-from railyard.transport import FakeSession
+from railyard.testing import FakeClock, FakeDockerHost, FakeSession, answer
 
 from .conftest import real
 from .test_plan import hgx_plan, station_plan
+
+
+@pytest.fixture(autouse=True)
+def no_real_sleep(monkeypatch):
+    """The executor's gates wait on the fake clock: a 20 s timeout takes no time."""
+    clock = FakeClock()
+    monkeypatch.setattr(ops, "clock", clock)
+    return clock
 
 
 def inspect_doc(running=True, config="", code=0):
@@ -26,7 +34,8 @@ def inspect_doc(running=True, config="", code=0):
 
 
 class Docker:
-    """A tiny docker host: `docker run` creates the container, inspect shows it, logs say `log`."""
+    """The tiny docker host that tests/test_launch_timeline.py's TimedDocker extends (this module's tests use
+    railyard.testing.FakeDockerHost): `docker run` creates the container, inspect shows it, logs say `log`."""
 
     def __init__(self, host, log="", exits=None):
         self.containers: dict[str, str] = {}
@@ -66,8 +75,8 @@ def current(plan):
 
 def test_stages_start_in_order_and_the_head_is_gated_on_its_log_and_health():
     inv, plan, _ = station_plan()
-    hosts = {"A": Docker(inv.host("A"), log="INFO:     Application startup complete."),
-             "B": Docker(inv.host("B"), log="waiting for the head")}
+    hosts = {"A": FakeDockerHost(inv.host("A"), log="INFO:     Application startup complete."),
+             "B": FakeDockerHost(inv.host("B"), log="waiting for the head")}
     with runner_for(inv, hosts) as runner:
         rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 20, False, None)
     assert rep.ok and rep.order == ["B", "A"] and rep.started == ["worker-1", "head"]
@@ -79,9 +88,9 @@ def test_stages_start_in_order_and_the_head_is_gated_on_its_log_and_health():
 
 def test_the_same_plan_running_is_a_noop_and_runs_nothing():
     inv, plan, _ = station_plan()
-    hosts = {h.name: Docker(h) for h in inv.hosts}
+    hosts = {h.name: FakeDockerHost(h) for h in inv.hosts}
     for svc in plan.services():
-        hosts[svc.host].containers[svc.spec.name] = docker.config_hash(plan, svc)
+        hosts[svc.host].container(svc.spec.name, docker.config_hash(plan, svc))
     with runner_for(inv, hosts) as runner:
         rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 20, False, None)
     assert rep.noop and not any(c.startswith("docker run") for d in hosts.values() for c in d.session.calls)
@@ -89,16 +98,16 @@ def test_the_same_plan_running_is_a_noop_and_runs_nothing():
 
 def test_another_configuration_needs_recreate():
     inv, plan, _ = station_plan()
-    hosts = {h.name: Docker(h) for h in inv.hosts}
+    hosts = {h.name: FakeDockerHost(h) for h in inv.hosts}
     for svc in plan.services():
-        hosts[svc.host].containers[svc.spec.name] = "0123456789abcdef"
+        hosts[svc.host].container(svc.spec.name, "0123456789abcdef")
     with runner_for(inv, hosts) as runner, pytest.raises(LaunchError, match="another configuration.*--recreate"):
         ops.apply(plan, runner, current(plan), "~/models/m", False, 20, False, None)
 
 
 def test_stale_env_files_refuse_before_anything_starts():
     inv, plan, _ = station_plan()
-    hosts = {h.name: Docker(h) for h in inv.hosts}
+    hosts = {h.name: FakeDockerHost(h) for h in inv.hosts}
     files = current(plan)
     files[0].current = "old"
     with runner_for(inv, hosts) as runner, pytest.raises(LaunchError, match="not current on B: run `inv env`"):
@@ -108,7 +117,7 @@ def test_stale_env_files_refuse_before_anything_starts():
 
 def test_a_service_that_exits_fails_the_launch_named_and_rollback_removes_it():
     inv, plan = hgx_plan()
-    d = Docker(inv.hosts[0], log="ValueError: Free memory on device cuda:0", exits=1)
+    d = FakeDockerHost(inv.hosts[0], log="ValueError: Free memory on device cuda:0", exits=1)
     with Runner(inv.hosts, sessions={"G1": d.session}) as runner:
         rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 20, True, None)
     assert not rep.ok and rep.failure == "G1 (engine): the container exited with code 1"
@@ -119,10 +128,8 @@ def test_a_service_that_exits_fails_the_launch_named_and_rollback_removes_it():
 def test_a_stages_containers_are_watched_together_so_its_start_gate_costs_one_window():
     from .test_replicas_plan import replicas_plan
     inv, plan = replicas_plan("vllm_replicas=4", "vllm_tensor_parallel_size=2")
-    d = Docker(inv.hosts[0], log="LMCache cache server is running\nRegistering kv caches\n"
+    d = FakeDockerHost(inv.hosts[0], log="LMCache cache server is running\nRegistering kv caches\n"
                                  "INFO:     Application startup complete.")
-    d.session.on(re.compile(r"^(mkdir -p |set -e; umask 077; )"), (0, ""))  # its dirs and the router's file
-    d.session.on(re.compile(r"^cat -- "), (0, "@@railyard-missing\n"))
     with Runner(inv.hosts, sessions={inv.hosts[0].name: d.session}) as runner:
         rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 20, False, None)
     assert rep.ok, rep.failure
@@ -138,7 +145,7 @@ def test_a_stages_containers_are_watched_together_so_its_start_gate_costs_one_wi
 
 def test_a_ready_stage_asks_its_ready_gates_during_its_start_window():
     inv, plan = hgx_plan()
-    d = Docker(inv.hosts[0], log="INFO:     Application startup complete.")
+    d = FakeDockerHost(inv.hosts[0], log="INFO:     Application startup complete.")
     with Runner(inv.hosts, sessions={"G1": d.session}) as runner:
         rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 20, False, None)
     assert rep.ok, rep.failure
@@ -154,17 +161,18 @@ def test_dp_ep_is_ready_only_when_every_dp_rank_logged_its_kv_cache():
     svc = plan.services()[0]
     seven = "\n".join(f"(EngineCore_DP{i} pid={100 + i}) INFO 12-01 08:00:0{i} [kv_cache_utils.py:1087] GPU KV cache "
                       f"size: 299,{i}00 tokens" for i in range(7)) + "\nINFO:     Application startup complete."
-    d = Docker(inv.hosts[0], log=seven)
+    d = FakeDockerHost(inv.hosts[0], log=seven)
+    d.session.run(run_line(plan, svc))
     pending, _ = ops.pending_gates(d.session, svc)
     assert [g.kind for g in pending] == ["kv_engines", "http"]  # /health is asked once the log is complete
-    d.log = seven + "\n(EngineCore_DP7 pid=107) INFO x [kv_cache_utils.py:1087] GPU KV cache size: 301,000 tokens"
+    d.behave(svc.spec.name, log=seven + "\n(EngineCore_DP7 pid=107) INFO x [kv_cache_utils.py:1087] GPU KV cache size: 301,000 tokens")
     pending, _ = ops.pending_gates(d.session, svc)
     assert pending == []
 
 
 def test_a_gate_that_never_holds_times_out_naming_what_is_missing():
     inv, plan = hgx_plan()
-    d = Docker(inv.hosts[0], log="loading weights")
+    d = FakeDockerHost(inv.hosts[0], log="loading weights")
     with Runner(inv.hosts, sessions={"G1": d.session}) as runner:
         rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 2, False, None)
     assert rep.failure == "G1 (engine): no `Application startup complete` and /health within 2 s"
@@ -176,8 +184,8 @@ def test_a_timed_out_launch_tries_the_plans_ports_again_and_names_the_one_that_d
     inv, plan, _ = station_plan()
 
     def launch(dial_line):
-        hosts = {"A": Docker(inv.host("A"), log="Waiting for 1 remote node(s) to join"),
-                 "B": Docker(inv.host("B"), log="waiting for the head")}
+        hosts = {"A": FakeDockerHost(inv.host("A"), log="Waiting for 1 remote node(s) to join"),
+                 "B": FakeDockerHost(inv.host("B"), log="waiting for the head")}
         hosts["B"].session.on(re.compile(r"^python3 -c "), (0, dial_line))
         with runner_for(inv, hosts) as runner:
             return ops.apply(plan, runner, current(plan), "~/models/m", False, 6, False, None), hosts["B"].session

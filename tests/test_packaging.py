@@ -27,7 +27,7 @@ def test_an_installed_wheel_has_its_roles_templates_and_scripts(tmp_path):
     assert r.returncode == 0, r.stderr
     (wheel,) = (tmp_path / "dist").glob("railyard-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for want in ("railyard/roles/vllm/defaults/main.yml", "railyard/roles/vllm/layouts/dp_ep.yml",
+    for want in ("railyard/roles/vllm/defaults/main.yml", "railyard/layouts/single_node/dp_ep.yml",
                  "railyard/roles/vllm/templates/launch_server.sh.j2", "railyard/scripts/nccl_probe.py",
                  "railyard/scripts/manifest.py", "railyard/scripts/port_probe.py", "railyard/py.typed"):
         assert want in names

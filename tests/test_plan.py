@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from railyard import facts as F
+from railyard.facts.gpu import Gpu
 from railyard.errors import InventoryError
 from railyard.inventory import load_inventory
 from railyard.verbs.nccl_check import probe_lines
@@ -29,7 +29,7 @@ NUMA = {0: list(range(0, 56)) + list(range(112, 168)), 1: list(range(56, 112)) +
 
 def station_plan(*overrides, order=None):
     inv = load_inventory(STATIONS, list(overrides))
-    facts = {h.name: HostFacts(h, home="/home/nvidia", gpus=[F.Gpu(1, CANNED[h.name][0], "NVIDIA GB300", 1, 284208)],
+    facts = {h.name: HostFacts(h, home="/home/nvidia", gpus=[Gpu(1, CANNED[h.name][0], "NVIDIA GB300", 1, 284208)],
                                gid_index=CANNED[h.name][1]) for h in inv.hosts}
     return inv, layouts.validated(inv).plan(inv, facts, order), facts
 
@@ -37,7 +37,7 @@ def station_plan(*overrides, order=None):
 def hgx_plan(*overrides):
     inv = load_inventory(HGX, list(overrides))
     h = inv.hosts[0]
-    gpus = [F.Gpu(i, f"GPU-{i:08x}-0000-4000-8000-00000000000{i}", "NVIDIA H200", 0, 143771) for i in range(8)]
+    gpus = [Gpu(i, f"GPU-{i:08x}-0000-4000-8000-00000000000{i}", "NVIDIA H200", 0, 143771) for i in range(8)]
     facts = {h.name: HostFacts(h, home="/home/ubuntu", gpus=gpus, cpus_by_gpu={i: NUMA[i // 4] for i in range(8)})}
     return inv, layouts.validated(inv).plan(inv, facts)
 
@@ -226,7 +226,7 @@ def test_layout_defaults_sit_under_the_inventory_and_name_their_file(tmp_path):
     inv = load_inventory(HGX)
     h = inv.hosts[0]
     assert h.vars["vllm_gpu_memory_utilization"] == 0.92
-    assert h.origins["vllm_gpu_memory_utilization"][0].endswith("layouts/single_node_tp.yml")
+    assert h.origins["vllm_gpu_memory_utilization"][0].endswith("layouts/single_node/single_node_tp.yml")
     inv = load_inventory(HGX, ["vllm_gpu_memory_utilization=0.8"])
     assert inv.hosts[0].vars["vllm_gpu_memory_utilization"] == 0.8
     stations = load_inventory(STATIONS)
@@ -237,9 +237,9 @@ def test_layout_files_only_set_known_variables():
     known = set()
     for f in (ROOT / "railyard" / "roles").glob("*/defaults/main.yml"):
         known |= set(yaml.safe_load(f.read_text()))
-    for f in (ROOT / "railyard" / "roles").glob("*/layouts/*.yml"):
+    for f in (ROOT / "railyard" / "layouts").glob("*/*.yml"):
         assert set(yaml.safe_load(f.read_text())) <= known, f
-        assert f.stem in layouts.LAYOUTS
+        assert f.stem in layouts.names()
 
 
 def test_a_station_worker_no_longer_reads_an_api_key():

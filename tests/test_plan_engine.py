@@ -14,12 +14,12 @@ from invoke.exceptions import Exit
 
 from railyard.verbs import against as A
 from railyard.verbs import capacity as C
-from railyard import cli
+from railyard.cli import capacity as cli
 from railyard.render.docker import config_hash
 from railyard.report import engine_kv_report
 from railyard.transport.runner import Runner
 from railyard.engines.vllm import engine_kv
-from railyard.transport import FakeSession
+from railyard.testing import FakeSession
 
 from .conftest import REAL, real
 from .test_capacity import H200_GIB, PUBLISHED_TP_TOKENS, glm  # noqa: F401 (glm: the GLM-5.1 checkpoint fixture)
@@ -188,7 +188,7 @@ def test_inv_plan_against_engine_prints_the_comparison(tmp_path, capsys, monkeyp
     for json_out in (False, True):
         code = 0
         try:
-            cli.plan(str(HGX), model=str(tmp_path / "tiny"), against_engine=True, json_out=json_out, overrides=sets)
+            cli.plan(str(HGX), model=str(tmp_path / "tiny"), against_engine=True, json=json_out, set_=sets)
         except Exit as e:
             code = e.code
         out = capsys.readouterr().out

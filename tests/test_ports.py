@@ -9,9 +9,11 @@ import socket
 import subprocess
 import sys
 
-from railyard import checks as C
+from railyard.checks import FAIL, PASS, WARN
+from railyard.checks.net import check_ports
 from railyard.inventory import Host, load_inventory
-from railyard.verbs.preflight import PORT_SCRIPT, plan_dials, ports_section
+from railyard.facts.net import PORT_SCRIPT, parse_port_probe, ports_section
+from railyard.verbs.preflight import plan_dials
 from railyard.facts.probe import Output
 from railyard.render import docker
 from railyard.plan.spec import Dial
@@ -77,7 +79,7 @@ def test_the_probe_connects_to_its_listener_and_reports_a_refusal_on_real_socket
     up, closed = free_port(), free_port()
     out = probe(2, 1, "listen", "127.0.0.1", up, 1, "dial", "127.0.0.1", up, "dial", "127.0.0.1", closed,
                 "listen", "192.0.2.1", up, 1)
-    listens, dials = C.parse_port_probe(out)
+    listens, dials = parse_port_probe(out)
     assert listens[("127.0.0.1", up)].status == "ok" and listens[("127.0.0.1", up)].detail == "127.0.0.1"
     assert listens[("192.0.2.1", up)].status == "no-address"
     assert dials[("127.0.0.1", up)].status == "connected"
@@ -91,7 +93,7 @@ def test_a_port_already_served_is_left_to_its_service_and_still_dialed():
         s.listen(1)
         port = s.getsockname()[1]
         out = probe(1, 1, "listen", "127.0.0.1", port, 1, "dial", "127.0.0.1", port)
-    listens, dials = C.parse_port_probe(out)
+    listens, dials = parse_port_probe(out)
     assert listens[("127.0.0.1", port)].status == "in-use" and dials[("127.0.0.1", port)].status == "connected"
 
 
@@ -104,23 +106,23 @@ MASTER = Dial("B", "A", "10.0.0.1", 29501, "the head's master port")
 
 def test_a_dial_fails_only_while_its_target_listened_and_names_host_address_and_port():
     listening = lines("listen 10.0.0.1 29501 ok - 100.0 113.0")
-    r = C.check_ports(host("B"), [MASTER], lines("dial 10.0.0.1 29501 timeout 8 100.5 108.5"), {"A": listening}, {})
-    assert r.status == C.FAIL and r.detail.startswith("B cannot reach 10.0.0.1:29501 on A (the head's master port): ")
+    r = check_ports(host("B"), [MASTER], lines("dial 10.0.0.1 29501 timeout 8 100.5 108.5"), {"A": listening}, {})
+    assert r.status == FAIL and r.detail.startswith("B cannot reach 10.0.0.1:29501 on A (the head's master port): ")
     assert "SYN was dropped" in r.detail and "allow TCP 29501 from B on A" in r.hint
     # the listener came up only after B had given up: nothing shown either way
     late = lines("listen 10.0.0.1 29501 ok - 109.0 122.0")
-    r = C.check_ports(host("B"), [MASTER], lines("dial 10.0.0.1 29501 refused 30 100.5 108.5"), {"A": late}, {})
-    assert r.status == C.WARN and "not up while it tried" in r.detail
+    r = check_ports(host("B"), [MASTER], lines("dial 10.0.0.1 29501 refused 30 100.5 108.5"), {"A": late}, {})
+    assert r.status == WARN and "not up while it tried" in r.detail
     # ... unless A's clock runs 10 s ahead of B's: then it was up all along
-    r = C.check_ports(host("B"), [MASTER], lines("dial 10.0.0.1 29501 refused 30 100.5 108.5"), {"A": late},
+    r = check_ports(host("B"), [MASTER], lines("dial 10.0.0.1 29501 refused 30 100.5 108.5"), {"A": late},
                       {"A": 10.0, "B": 0.0})
-    assert r.status == C.FAIL and "refused while A listened" in r.detail
-    ok = C.check_ports(host("B"), [MASTER], lines("dial 10.0.0.1 29501 connected 1 100.5 100.6"), {"A": listening}, {})
-    assert ok.status == C.PASS and "A 10.0.0.1:29501" in ok.detail
+    assert r.status == FAIL and "refused while A listened" in r.detail
+    ok = check_ports(host("B"), [MASTER], lines("dial 10.0.0.1 29501 connected 1 100.5 100.6"), {"A": listening}, {})
+    assert ok.status == PASS and "A 10.0.0.1:29501" in ok.detail
 
 
 def test_a_probe_that_could_not_run_is_no_verdict():
-    r = C.check_ports(host("B"), [MASTER], Output(127, "@@missing python3\n", "python3"), {"A": None}, {})
-    assert r.status == C.WARN and "python3" in r.detail and "not tried" in r.detail
-    r = C.check_ports(host("B"), [MASTER], lines("dial 10.0.0.1 29501 timeout 8 100.5 108.5"), {"A": None}, {})
-    assert r.status == C.WARN and "held no listener" in r.detail
+    r = check_ports(host("B"), [MASTER], Output(127, "@@missing python3\n", "python3"), {"A": None}, {})
+    assert r.status == WARN and "python3" in r.detail and "not tried" in r.detail
+    r = check_ports(host("B"), [MASTER], lines("dial 10.0.0.1 29501 timeout 8 100.5 108.5"), {"A": None}, {})
+    assert r.status == WARN and "held no listener" in r.detail

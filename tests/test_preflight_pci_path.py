@@ -12,8 +12,9 @@ import json
 
 import pytest
 
-from railyard import checks as C
-from railyard import facts as F
+from railyard.checks.system import check_gdr
+from railyard.facts.net import parse_rail_counters
+from railyard.facts.system import PCI_PATHS_MARK, parse_lspci_devices, pci_bdf
 import railyard_lab as lab
 
 from .conftest import REAL
@@ -25,20 +26,20 @@ ETH0 = SYSFS.split("@@ eth0")[0]  # the first interface's block: eleven `name:va
 
 
 def test_lspci_devices_plain_and_with_paths():
-    devs, denied, paths = F.parse_lspci_devices(LSPCI)  # the real block, plain -vvv: no path
+    devs, denied, paths = parse_lspci_devices(LSPCI)  # the real block, plain -vvv: no path
     (d,) = devs.values()
     assert (d.bdf, d.slot, d.path, d.port, d.redirects) == ("0000:03:08.0", "03:08.0", ("0000:03:08.0",),
                                                             "Downstream Port", False)
     assert not denied and not paths
     # the same real block as `lspci -PP -vvv` names it below its root port and switch upstream port
-    pp = LSPCI.replace("03:08.0 PCI bridge", "0002:00:02.0/02:00.0/03:08.0 PCI bridge", 1) + F.PCI_PATHS_MARK + "\n"
-    devs, _, paths = F.parse_lspci_devices(pp)
+    pp = LSPCI.replace("03:08.0 PCI bridge", "0002:00:02.0/02:00.0/03:08.0 PCI bridge", 1) + PCI_PATHS_MARK + "\n"
+    devs, _, paths = parse_lspci_devices(pp)
     (d,) = devs.values()
     assert paths and d.bdf == "0002:03:08.0" and d.path == ("0002:00:02.0", "0002:02:00.0", "0002:03:08.0")
     assert d.slot == "0002:03:08.0" and d.acsctl["SrcValid"] is False
-    assert F.pci_bdf("00000008:06:00.0") == "0008:06:00.0" == F.pci_bdf("8:6:0.0")  # nvidia-smi's form
+    assert pci_bdf("00000008:06:00.0") == "0008:06:00.0" == pci_bdf("8:6:0.0")  # nvidia-smi's form
     with pytest.raises(ValueError):
-        F.pci_bdf("GPU-35842103")
+        pci_bdf("GPU-35842103")
 
 
 def standin(shape, tmp_path, **state):
@@ -58,7 +59,7 @@ def standin(shape, tmp_path, **state):
         m.lspci(["-PP", "-vvv"])
     keep = [line for line in buf.getvalue().splitlines()
             if line[:1].isalnum() or "Express" in line or "ACSCtl" in line]
-    return m, "\n".join(keep + [F.PCI_PATHS_MARK]) + "\n"
+    return m, "\n".join(keep + [PCI_PATHS_MARK]) + "\n"
 
 
 def judge(m, lspci):
@@ -68,7 +69,7 @@ def judge(m, lspci):
     h = h.__class__(**{**h.__dict__, "rails": {rail: h.rails["cx8r1"].__class__(rail, "mlx5_0", h.rails["cx8r1"].ipv4)},
                        "vars": {**h.vars, "cluster_serve_rail": rail}})
     gpus = [g["bus"] for g in sh["gpus"] if not g["display"]]
-    return C.check_gdr(h, gdr_out(MODS, "", IBV, lspci, ETH0, ETH0), "6.8.0", gpus, m.nic_bus(rail))
+    return check_gdr(h, gdr_out(MODS, "", IBV, lspci, ETH0, ETH0), "6.8.0", gpus, m.nic_bus(rail))
 
 
 def test_station_redirect_on_the_nic_switch_port_fails_and_off_path_is_a_note(tmp_path):
@@ -106,30 +107,30 @@ def test_hgx8_every_gpus_path_to_the_rail_nic_is_judged(tmp_path):
 def test_sysfs_counters_are_read_where_ethtool_shows_none_and_movement_fails():
     # the H200 machine: the net statistics answer, its /sys/class/infiniband is empty (h200-vm-no-infiniband.txt):
     # evidence names the folder that was read, never the one that gave nothing
-    src, c = F.parse_rail_counters("@@source sysfs\n@@dir /sys/class/net/eth0/statistics\n" + ETH0 +
+    src, c = parse_rail_counters("@@source sysfs\n@@dir /sys/class/net/eth0/statistics\n" + ETH0 +
                                    "@@dir /sys/class/infiniband/mlx5_0/ports/1/counters\n")
     assert src == "sysfs /sys/class/net/eth0/statistics"
     assert len(c) == 11 and set(c.values()) == {0} and "tx_dropped" in c
     first = "@@source sysfs\n@@dir /sys/class/net/cx8r1/statistics\n" + ETH0 + "@@dir /sys/class/infiniband/x\n"
     later = first.replace("tx_dropped:0", "tx_dropped:3").replace("rx_crc_errors:0", "rx_crc_errors:2")
     h = rail_host()
-    steady = C.check_gdr(h, gdr_out(MODS, "", IBV, LSPCI, first, first), "6.8.0")
+    steady = check_gdr(h, gdr_out(MODS, "", IBV, LSPCI, first, first), "6.8.0")
     assert steady.status == "pass" and "cx8r1 counters (sysfs /sys/class/net/cx8r1/statistics): all error " \
         "counters 0" in steady.evidence and "infiniband" not in steady.evidence
-    moving = C.check_gdr(h, gdr_out(MODS, "", IBV, LSPCI, first, later), "6.8.0")
+    moving = check_gdr(h, gdr_out(MODS, "", IBV, LSPCI, first, later), "6.8.0")
     assert moving.status == "fail" and "cx8r1 error counters moving: rx_crc_errors +2, tx_dropped +3 (sysfs)" \
         in moving.detail and "ethtool -m cx8r1" in moving.hint
     # a driver's ethtool -S counters still win where it has them (the real lossy optic)
     lossy = (REAL / "gdr" / "web-ethtool-S-grep-err-cx6dx-lossy-optic.txt").read_text()
-    assert F.parse_rail_counters("@@source ethtool\n" + lossy)[0] == "ethtool -S"
-    assert F.parse_rail_counters(lossy)[1]["rx_crc_errors_phy"] == 13147323
+    assert parse_rail_counters("@@source ethtool\n" + lossy)[0] == "ethtool -S"
+    assert parse_rail_counters(lossy)[1]["rx_crc_errors_phy"] == 13147323
 
 
 def test_the_probe_reads_sysfs_only_when_ethtool_shows_no_rail_counter(tmp_path):
     """The section's shell, run here against a fake ethtool and a fake sysfs tree: the first form prints the
     driver's counters, the second (only veth-like names) falls back to the statistics directory."""
     import subprocess
-    from railyard.verbs.preflight import counters_script
+    from railyard.facts.net import counters_script
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     stats = tmp_path / "sys" / "statistics"
@@ -147,4 +148,4 @@ def test_the_probe_reads_sysfs_only_when_ethtool_shows_no_rail_counter(tmp_path)
         out = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
                              env={"PATH": f"{bin_}:/usr/bin:/bin"}).stdout
         assert out.endswith(want), out
-    assert F.parse_rail_counters(out)[0] == f"sysfs {stats}"    # the folder that answered, and only it
+    assert parse_rail_counters(out)[0] == f"sysfs {stats}"    # the folder that answered, and only it

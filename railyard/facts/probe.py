@@ -124,17 +124,3 @@ def fan_out(items: list[tuple[str, Sh]]) -> Sh:
         parts.append(f"( o=$({command} 2>&1); printf '@@peer %s rc=%s\\n%s\\n' {q(key)} \"$?\" \"$o\" ) &")
     parts.append("wait")
     return Sh("\n".join(parts))
-
-
-def answer(outputs: dict[str, str | tuple[int, str]]):
-    """A FakeSession answer to a joined script: each section's output (or (rc, output)) tagged as a
-    host would print it; a section not in outputs reports its tool missing. For unit tests."""
-    def reply(script: str) -> tuple[int, str]:
-        token = re.search(r"^T='?([^'\n]+)'?$", script, re.M).group(1)
-        out = []
-        for key in re.findall(r"^ry (\S+) \d+ ", script, re.M):
-            got = outputs.get(key, (127, MISSING_MARK + key + "\n"))
-            rc, text = got if isinstance(got, tuple) else (0, got)
-            out += [f"{token} {key}|{line}" for line in text.splitlines()] + [f"{token} {key}|", f"{token} {key}|@@rc={rc}"]
-        return 0, "\n".join(out) + "\n"
-    return reply

@@ -1,4 +1,7 @@
-"""The serving layouts, by `serve_layout`. Each is one module with one class:
+"""The serving layouts, by `serve_layout`: one package each under railyard/layouts/, its class a
+subclass of `Layout` that registers itself by name (`class Pd(Layout, name="pd")`). The registry is
+the one list of layouts: the inventory's check of `serve_layout`, the verbs' dispatch and the docs
+read it. Every layout has
 
     validate(inv) -> list[Problem]       static, before any SSH (exit 2 on any problem)
     hosts(inv) -> list[Host]             the hosts it runs on
@@ -6,44 +9,114 @@
     plan(inv, facts, order) -> LaunchPlan   pure; golden-tested
     dials(inv) -> list[Dial]             the TCP connections between its hosts (no facts needed: preflight
                                          tries them before anything is gathered; plan() carries them too)
+
+and may bring hooks that the generic verbs call, each falling back to the generic behaviour where
+the layout has none (None):
+
+    rank_order                           True: `--rank-order` chooses its start order
+    own_checks                           cluster-wide variables it compares itself (they may differ by host)
+    final_gate(plan, runner)             after every stage is ready: a gate over the whole plan (a Proof)
+    verify_rdma(inv, runner, plan)       `inv verify-rdma`'s verdicts, in place of NCCL over the rails
+    api_probes(plan, cache_proof)        `inv health`'s probes of the endpoint, in place of the generic ones
+    cache_proof                          True: `inv health --cache-proof` has a shared cache to prove
+    recover(inv, runner, plan, ...)      `inv recover`
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from ..errors import InventoryError, Problem
-from ..inventory import LAYOUTS, Host, Inventory
 from ..facts.host import HostFacts
+from ..inventory import Host, Inventory
 from .spec import Dial, LaunchPlan
 
+if TYPE_CHECKING:
+    from ..transport.runner import Runner
 
-class Layout(Protocol):
-    name: str
-
-    def validate(self, inv: Inventory) -> list[Problem]: ...
-
-    def hosts(self, inv: Inventory) -> list[Host]: ...
-
-    def needs(self, inv: Inventory) -> tuple[set[str], int]: ...
-
-    def plan(self, inv: Inventory, facts: dict[str, HostFacts], order: str | None = None) -> LaunchPlan: ...
-
-    def dials(self, inv: Inventory) -> list[Dial]: ...
+_REGISTRY: dict[str, type["Layout"]] = {}
+CACHE_PROOF_AUTO = -1  # `inv health --cache-proof` without --proof-words: the layout chooses the prompt's words
 
 
-__all__ = ["LAYOUTS", "Layout", "get", "validated"]
+@dataclass
+class Proof:
+    """What a layout's final gate saw: ok, what it saw, the fix when it failed, and what it proves (a
+    failed launch says "<what> is not proven: <detail>")."""
+    ok: bool
+    detail: str
+    fix: str = ""
+    what: str = "the final gate"
+
+
+class Layout:
+    """A serving layout. Subclass with `name=` to register it; override the hooks it brings."""
+    name: ClassVar[str]
+    rank_order: ClassVar[bool] = False
+    own_checks: ClassVar[tuple[str, ...]] = ()
+    cache_proof: ClassVar[bool] = False
+
+    def __init_subclass__(cls, name: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if name:
+            if name in _REGISTRY:
+                raise TypeError(f"layout {name!r} registered twice ({_REGISTRY[name].__module__}, {cls.__module__})")
+            cls.name = name
+            _REGISTRY[name] = cls
+
+    def validate(self, inv: Inventory) -> list[Problem]:
+        raise NotImplementedError
+
+    def hosts(self, inv: Inventory) -> list[Host]:
+        raise NotImplementedError
+
+    def needs(self, inv: Inventory) -> tuple[set[str], int]:
+        raise NotImplementedError
+
+    def plan(self, inv: Inventory, facts: dict[str, HostFacts], order: str | None = None) -> LaunchPlan:
+        raise NotImplementedError
+
+    def dials(self, inv: Inventory) -> list[Dial]:
+        raise NotImplementedError
+
+    # hooks: None (or the class default) means the generic verb does it
+
+    def final_gate(self, plan: LaunchPlan, runner: "Runner") -> Proof | None:
+        return None
+
+    def verify_rdma(self, inv: Inventory, runner: "Runner", plan: LaunchPlan) -> list | None:
+        return None
+
+    def api_probes(self, plan: LaunchPlan, cache_proof: int) -> Callable | None:
+        return None
+
+    def recover(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, target: str | None, dry_run: bool,
+                timeout: float | None, drain_timeout: float, console: Any) -> Any:
+        return None
+
+
+__all__ = ["CACHE_PROOF_AUTO", "Layout", "Proof", "by_name", "get", "names", "validated"]
+
+
+def _registry() -> dict[str, type[Layout]]:
+    """Every layout, by name: importing railyard.layouts imports each layout package, which registers."""
+    importlib.import_module("railyard.layouts")
+    return _REGISTRY
+
+
+def names() -> tuple[str, ...]:
+    """The values serve_layout takes."""
+    return tuple(_registry())
+
+
+def by_name(name: str) -> Layout:
+    return _registry()[name]()
 
 
 def get(inv: Inventory) -> Layout:
     """The inventory's layout (`serve_layout`, the same on every host: the loader checks that)."""
-    from ..layouts.multinode_tp import MultinodeTP
-    from ..layouts.pd import Pd
-    from ..layouts.replicas import Replicas
-    from ..layouts.single_node import DpEp, SingleNodeTP
-    return {"multinode_tp": MultinodeTP, "single_node_tp": SingleNodeTP, "dp_ep": DpEp, "replicas": Replicas,
-            "pd": Pd}[
-        inv.head.vars["serve_layout"]]()
+    return by_name(inv.head.vars["serve_layout"])
 
 
 def validated(inv: Inventory) -> Layout:

@@ -212,6 +212,7 @@ class LaunchPlan:
     stages: tuple[Stage, ...]
     endpoint: Endpoint
     verifiers: tuple[str, ...] = ()   # rdma: NCCL crosses hosts over the rails; kv_engines: one KV cache per DP rank
+                                      # (what a layout checks beyond these is its hooks: railyard.plan.layout)
     notes: tuple[str, ...] = field(default=())
     dials: tuple[Dial, ...] = ()      # the connections between hosts that must get through (preflight tries them)
 

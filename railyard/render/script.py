@@ -37,7 +37,7 @@ def render(plan: LaunchPlan, revision: str) -> str:
     services = plan.services()
     if len(services) != 1:
         raise UsageError(f"launch-script: layout {plan.layout} runs {len(services)} services; a script serves one "
-                         "host with one engine (single_node_tp or dp_ep)")
+                         "host with one engine (a one-host layout)")
     svc = services[0]
     spec = svc.spec
     if list(spec.command[:3]) != ["vllm", "serve", MODEL_DIR]:

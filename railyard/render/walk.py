@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterator
 
-from .. import facts as F
+from ..facts.gpu import Gpu
 from ..inventory import Inventory
 from ..facts.host import HostFacts
 from ..plan.spec import ContainerSpec, LaunchPlan, Ref, Secret, Service, Value
@@ -82,7 +82,7 @@ def placeholder_facts(inv: Inventory, hosts, count: int) -> dict[str, HostFacts]
     out = {}
     for h in hosts:
         name = h.vars["cluster_gpu_name"]
-        gpus = [F.Gpu(i, token(f"gpu{i}"), name, 0, 0) for i in range(count)]
+        gpus = [Gpu(i, token(f"gpu{i}"), name, 0, 0) for i in range(count)]
         out[h.name] = HostFacts(h, home=token("home"), gpus=gpus, gid_index=token("gid_index"))  # type: ignore[arg-type]
     return out
 

@@ -336,40 +336,6 @@ class SSHSession(Session):
             self._conn = None
 
 
-class FakeSession(Session):
-    """A session that answers from a script, for unit tests and plans: each rule is an exact
-    command or a compiled regex with the Result fields to return. An unexpected command fails
-    the test (AssertionError), as fabric's MockRemote does; `calls` records what ran.
-
-        s = FakeSession(host, {"docker inspect x": (1, "", "Error: No such object: x")})
-    """
-
-    def __init__(self, host: Host, rules=None):
-        super().__init__(host)
-        self.rules: list = []
-        self.calls: list[str] = []
-        for pattern, answer in (rules or {}).items():
-            self.on(pattern, answer)
-
-    def on(self, pattern, answer) -> "FakeSession":
-        """answer: (rc, stdout[, stderr]) or a function of the command returning that."""
-        self.rules.append((pattern, answer))
-        return self
-
-    def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None,
-            on_output: Callable[[str], None] | None = None) -> Result:
-        self.calls.append(command)
-        for pattern, answer in self.rules:
-            hit = pattern == command if isinstance(pattern, str) else pattern.search(command)
-            if hit:
-                got = answer(command) if callable(answer) else answer
-                rc, out, err = (tuple(got) + ("",))[:3]
-                if on_output and out:
-                    on_output(out)
-                return Result(self.host.name, command, rc, out, err, 0.0)
-        raise AssertionError(f"{self.host.name}: unexpected command: {command}")
-
-
 def read_remote(s: Session, path: str) -> str | None:
     """A file's text on the host (None: it does not exist). A transport failure raises CommandFailed."""
     r = s.run(f"cat -- {q(RemotePath(path))} 2>/dev/null || echo @@railyard-missing", timeout=30)

@@ -21,6 +21,7 @@ from ..render import script
 from ..render.docker import run_line
 from ..transport.runner import Runner
 from ..plan import layout as layouts
+from ..plan.layout import Layout
 from ..facts.host import HostFacts, gather
 from ..plan.spec import LaunchPlan
 from ..transport import cmd
@@ -36,7 +37,7 @@ def plan_and_facts(inv: Inventory, runner: Runner | None, order: str | None = No
                    strict: bool = True) -> tuple[LaunchPlan, dict[str, HostFacts]]:
     """build_plan, and the host facts it was built from (runner None: no SSH, blank facts)."""
     layout = layouts.validated(inv) if strict else layouts.get(inv)
-    if order and layout.name != "multinode_tp":
+    if order and not layout.rank_order:
         raise UsageError(f"--rank-order {order!r}: layout {layout.name} starts one service; it has no rank order")
     hosts = layout.hosts(inv)
     if runner is None:
@@ -183,19 +184,13 @@ def render_compose(inv: Inventory, out_dir: str) -> list[Path]:
 
 def recover(inv: Inventory, replica: str | None, dry_run: bool, timeout: float | None, drain_timeout: float,
             console):
-    """`inv recover`: look at the replicas and their GPUs, choose the short or the long path (or none, or
-    blocked), and unless dry_run take it under the operator lock."""
-    from ..layouts.replicas import recover as rec_ops
+    """`inv recover`: the layout's own (its recover hook: it looks, chooses a path, and unless dry_run
+    takes it under the operator lock); a layout without one is a usage error."""
     with _runner(inv) as runner:
         plan = build_plan(inv, runner, strict=False)
-        if plan.layout != "replicas":
-            raise UsageError(f"inv recover: layout {plan.layout} has no replicas to recover (serve_layout replicas)")
-        rec, _ = rec_ops.survey(plan, runner, replica)
-        if dry_run or rec.path in ("none", "blocked"):
-            return plan, rec
-        v = inv.host(plan.endpoint.host).vars
-        util = float(v["vllm_gpu_memory_utilization"])
-        router_wait = 2 * v["litellm_health_check_interval_s"] + 30  # two checks, and the checks themselves
-        with locked(inv, runner, "inv recover"):
-            return plan, rec_ops.execute(plan, runner, rec, util, float(timeout or v["vllm_start_timeout_s"]),
-                                         drain_timeout, console, router_wait)
+        rec = layouts.by_name(plan.layout).recover(inv, runner, plan, replica, dry_run, timeout, drain_timeout,
+                                                   console)
+        if rec is None:
+            have = " or ".join(n for n in layouts.names() if type(layouts.by_name(n)).recover is not Layout.recover)
+            raise UsageError(f"inv recover: layout {plan.layout} has no recover (serve_layout {have} has)")
+        return plan, rec

@@ -22,11 +22,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import checks as C
+from ..checks.net import check_ssh_peer
 from . import rsyncd
 from ..errors import UsageError
 from ..inventory import Host, Inventory
 from ..apply.lock import HeadLock, lock_host
-from .preflight import ssh_peer_section
+from ..facts.net import ssh_peer_section
 from ..facts.probe import joined_script, new_token, split_output
 from ..transport.runner import Runner
 from ..transport import RemotePath, Session, Sh, cmd, q, quote_text
@@ -445,7 +446,7 @@ def _peer_check(runner: Runner, source: Host, targets: list[Host]) -> C.CheckRes
     r = runner.session(source).run(joined_script([section], token), timeout=section.timeout + 10)
     if r.error:
         return C.CheckResult(source.name, "ssh_peer", C.FAIL, f"{r.error.kind}: {r.error.message}", "", r.error.hint)
-    return C.check_ssh_peer(source, split_output(r.stdout, [section], token)["ssh_peer"], targets)
+    return check_ssh_peer(source, split_output(r.stdout, [section], token)["ssh_peer"], targets)
 
 
 def sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:

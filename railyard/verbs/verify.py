@@ -21,24 +21,21 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
 from ..inventory import Inventory
 from .serve import build_plan
+from ..checks.health import CHAT_PROBE, Probe, RankHealth, judge_answer
 from ..checks.nccl import RankVerdict, judge
 from ..facts.docker import inspect, log_tail, uptime
-from ..checks.nixl import NixlVerdict, judge as judge_ucx
 from ..transport.http import parse_metrics, request
-from ..layouts.pd.proof import each_service, exercise
 from ..apply.executor import describe
 from ..transport.runner import Runner
 from ..plan import layout as layouts
 from ..facts.host import gpu_usage
-from ..layouts.pd import members
 from ..plan.spec import Endpoint, LaunchPlan, Service
-from ..engines.vllm import metric_engines, parse_kv_cache
+from ..engines.vllm import metric_engines, parse_kv_cache, summarize_metrics
 from ..transport import Session, cmd
 
 NCCL_LIB_PY = ("import os, nvidia.nccl as n; p = os.path.join(list(n.__path__)[0], 'lib', 'libnccl.so.2'); "
@@ -161,12 +158,14 @@ def verify_rank(s: Session, svc: Service) -> list[RankVerdict]:
     return out
 
 
-def verify_rdma(inv: Inventory) -> tuple[LaunchPlan, list[RankVerdict]]:
-    """Every service of a layout whose NCCL traffic crosses the rails; none for a one-host layout."""
+def verify_rdma(inv: Inventory) -> tuple[LaunchPlan, list]:
+    """Every service of a layout whose NCCL traffic crosses the rails (RankVerdicts); none for a one-host
+    layout; a layout with its own verify-rdma (its hook) gives its own verdicts."""
     with Runner(layouts.get(inv).hosts(inv)) as runner:
         plan = build_plan(inv, runner, strict=False)
-        if "nixl" in plan.verifiers:
-            return plan, _verify_nixl(inv, runner, plan)
+        own = layouts.by_name(plan.layout).verify_rdma(inv, runner, plan)
+        if own is not None:
+            return plan, own
         if "rdma" not in plan.verifiers:
             return plan, []
         got = runner.each(lambda s: [v for svc in plan.on_host(s.host.name) for v in verify_rank(s, svc)])
@@ -177,109 +176,11 @@ def verify_rdma(inv: Inventory) -> tuple[LaunchPlan, list[RankVerdict]]:
     return plan, out
 
 
-def _nixl_instance(s: Session, svc: Service, hcas: list[str]) -> NixlVerdict:
-    src = f"{svc.host}:{svc.spec.name}"
-    c = inspect(s, svc.spec.name)
-    if not c.exists or not c.running:
-        return NixlVerdict(src, "fail", None, [], [f"container {svc.spec.name} is {c.status if c.exists else 'missing'} "
-                                                   f"on {svc.host} (fix: inv launch / inv start)"])
-    log = log_tail(s, svc.spec.name, None)
-    env = s.run(cmd("docker", "inspect", "--format", "{{json .Config.Env}}", svc.spec.name), timeout=30)
-    try:
-        values = dict(e.split("=", 1) for e in json.loads(env.stdout) if "=" in e) if env.ok else {}
-    except ValueError:
-        values = {}
-    return judge_ucx(src, log, hcas, values.get("UCX_NET_DEVICES"))
-
-
-def _verify_nixl(inv: Inventory, runner: Runner, plan: LaunchPlan) -> list:
-    """The pd layout: requests through the proxy (two per prefill DP rank, so that round robin
-    reaches each), then every instance's UCX endpoints (railyard.checks.nixl.judge): KV over RDMA on the rails."""
-    instances = members(plan)
-    exercise(plan, runner, int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
-    got, unreachable = each_service(runner, instances,
-                                    lambda s, x: _nixl_instance(s, x, [r.hca for r in inv.host(x.host).rails.values()]))
-    return [got[x.name] for x in instances if x.name in got] + [NixlVerdict(h, "fail", None, [], [why])
-                                                                for h, why in unreachable.items()]
-
-
 # ---------------------------------------------------------------- health
-
-@dataclass
-class Probe:
-    name: str
-    ok: bool
-    detail: str
-    ms: float | None = None
-
-
-@dataclass
-class RankHealth:
-    host: str
-    rank: int | None
-    service: str
-    state: str
-    uptime_s: float | None
-    gpu_used_mib: int | None
-    serving_process: str | None
-    ok: bool
-    reasons: list[str] = field(default_factory=list)
-
 
 def _curl(s: Session, ep: Endpoint, path: str, body: dict | None = None, timeout: int = 60) -> tuple[int, float, str]:
     """One HTTP request from the endpoint's host to its own API, the key read from its file there."""
     return request(s, ep, path, body, timeout)[:3]
-
-
-# the probe's question; 16 tokens: enough for any model's first words, and a CPU's or a busy
-# engine's few seconds, not a whole answer's
-CHAT_PROBE = {"temperature": 0, "max_tokens": 16,
-              "messages": [{"role": "user", "content": "Reply with the single word: ready."}]}
-FINISHED = ("stop", "length")  # generated until it stopped, or until the probe's max_tokens
-
-
-def judge_answer(code: int | None, text: str) -> tuple[bool, str]:
-    """A chat completion's verdict: HTTP 200, a finish_reason of stop or length, and at least one
-    generated token (usage.completion_tokens); the detail shows the start of the answer.
-
-        HTTP 200; finish_reason length; 16 tokens: "NORTHUMBERLAND played ..."
-    """
-    if code != 200:
-        return False, f"HTTP {code}: {text.strip()[:160]}" if code else f"no answer: {text.strip()[:120]}"
-    try:
-        doc = json.loads(text)
-        choice = doc["choices"][0]
-        finish, content = choice.get("finish_reason"), (choice.get("message") or {}).get("content") or ""
-        tokens = (doc.get("usage") or {}).get("completion_tokens")
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return False, f"HTTP 200 but not a chat completion: {text.strip()[:120]}"
-    shown = " ".join(content.split())
-    detail = (f"HTTP 200; finish_reason {finish}; {tokens if tokens is not None else 'no'} token(s)"
-              + (f': "{shown[:60]}{"..." if len(shown) > 60 else ""}"' if shown else ""))
-    if finish not in FINISHED:
-        return False, detail + f" (expected {' or '.join(FINISHED)})"
-    if not isinstance(tokens, int) or tokens < 1:
-        return False, detail + " (no generated token)"
-    return True, detail
-
-
-def summarize_metrics(m: dict) -> dict:
-    def get(*names):
-        for n in names:
-            if n in m:
-                return m[n]
-        return None
-    q_ = get("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
-    h_ = get("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
-    d_ = get("vllm:spec_decode_num_draft_tokens_total")
-    a_ = get("vllm:spec_decode_num_accepted_tokens_total")
-    return {
-        "running": get("vllm:num_requests_running"),
-        "waiting": get("vllm:num_requests_waiting"),
-        "kv_cache_usage": get("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        "prefix_cache_hit_rate": (h_ / q_) if q_ else None,
-        "spec_acceptance": (a_ / d_) if d_ else None,
-    }
 
 
 def kv_summary(per_rank: dict[int, int]) -> dict:
@@ -317,10 +218,15 @@ def _service_health(s: Session, svc: Service) -> RankHealth:
                       not reasons, reasons)
 
 
-def health(inv: Inventory, probes_for=None) -> tuple[LaunchPlan, list[RankHealth], list[Probe], dict]:
-    """Every service's container and GPUs, then the endpoint's API probes; for a layout with its own
-    (railyard.layouts.replicas.health), probes_for(plan) gives api_probes(runner, plan, ranks) -> (probes, metrics)."""
-    with Runner(layouts.get(inv).hosts(inv)) as runner:
+def health(inv: Inventory, cache_proof: int = 0) -> tuple[LaunchPlan, list[RankHealth], list[Probe], dict]:
+    """Every service's container and GPUs, then the endpoint's API probes: the layout's own where it
+    has them (its api_probes hook gives api_probes(runner, plan, ranks) -> (probes, metrics)), else
+    the generic ones. cache_proof: the words of `--cache-proof`'s prompt, for a layout with a shared cache."""
+    layout = layouts.get(inv)
+    if cache_proof and not layout.cache_proof:
+        have = " or ".join(n for n in layouts.names() if layouts.by_name(n).cache_proof)
+        raise UsageError(f"--cache-proof: layout {layout.name} has no shared cache (serve_layout {have} has)")
+    with Runner(layout.hosts(inv)) as runner:
         plan = build_plan(inv, runner, strict=False)
         got = runner.each(lambda s: [_service_health(s, svc) for svc in plan.on_host(s.host.name)])
         ranks = []
@@ -329,7 +235,7 @@ def health(inv: Inventory, probes_for=None) -> tuple[LaunchPlan, list[RankHealth
             ranks += res if isinstance(res, list) else [
                 RankHealth(h, svc.rank, svc.name, "unreachable", None, None, None, False, [str(res.error)])
                 for svc in plan.on_host(h)]
-        api_probes = probes_for(plan) if probes_for else None
+        api_probes = layout.api_probes(plan, cache_proof)
         if api_probes is not None:
             return (plan, ranks, *api_probes(runner, plan, ranks))
         ep = plan.endpoint

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ...errors import Problem
 from ...inventory import Host, Inventory, origin_of
 from ...facts.host import HostFacts, on_host
+from ...plan.layout import Layout
 from ...plan.spec import (GID_INDEX, GROUP_SIZE, HEAD_ADDR, NODE_ADDR, NODE_RANK, ContainerSpec, Dial, Endpoint, Gate,
                           GpuRequest, LaunchPlan, Mount, RdmaRequest, Secret, Service, Stage)
 from ...engines.vllm import API_KEY_TARGET, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, serve_command
@@ -19,8 +20,8 @@ from ...engines.vllm import API_KEY_TARGET, NCCL_SO_SETUP, READY_LINE, VllmConfi
 GROUP = "tp"
 
 
-class MultinodeTP:
-    name = "multinode_tp"
+class MultinodeTP(Layout, name="multinode_tp"):
+    rank_order = True
 
     def hosts(self, inv: Inventory) -> list[Host]:
         return list(inv.hosts)

@@ -29,16 +29,25 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
 
 from ...errors import Problem
-from ...inventory import IMAGE_RE, Host, Inventory, origin_of
+from ...inventory import IMAGE_RE, Host, Inventory, origin_of, set_by_default
 from ...facts.host import HostFacts, on_host
+from ...plan.layout import Layout, Proof
 from ...plan.spec import (HEAD_ADDR, ContainerSpec, Dial, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest,
                           Service, Stage, is_loopback)
 from ...engines.vllm import (KV_LINE, NCCL_SO_SETUP, NO_EXPANDABLE_SEGMENTS, READY_LINE, VllmConfig, all2all_notes,
                              all2all_problem, nccl_env, serve_command, service_env_path)
 
+if TYPE_CHECKING:
+    from ...transport.runner import Runner
+
 POOLS = ("prefill", "decode")
+# the cluster-wide variables pd compares itself (its pools may differ in TP and ports; the NIXL handshake's
+# own terms, one line per difference, for the rest)
+OWN_CHECKS = ("vllm_image", "vllm_port", "vllm_master_port", "vllm_tensor_parallel_size", "model_repo",
+              "model_revision")
 ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 PROXY_READY = "/health"
 # what the NIXL handshake's compatibility hash covers, as inventory variables (nixl_connector_compatibility.md)
@@ -78,7 +87,7 @@ def pool_vars(h: Host) -> PoolVars:
     if pool:
         dfile, dkey = origin_of(h, f"pd_{pool}_defaults")
         for k, val in h.vars[f"pd_{pool}_defaults"].items():
-            if k in values and "/roles/" in origin_of(h, k)[0].replace("\\", "/"):
+            if k in values and set_by_default(h, k):
                 values[k] = val
                 origins[k] = (dfile, f"{dkey}.{k}")
     return PoolVars(values, origins)
@@ -115,8 +124,25 @@ def _origin_key(key: str) -> str:
     return {"attention_backend": "vllm_extra_args", "speculative_method": "vllm_speculative_config"}.get(key, key)
 
 
-class Pd:
-    name = "pd"
+class Pd(Layout, name="pd"):
+    own_checks = OWN_CHECKS
+
+    def final_gate(self, plan: LaunchPlan, runner: Runner) -> Proof:
+        """One real request through the proxy over one KV block, prefilled in one pool and decoded in the
+        other with a NIXL transfer (railyard.layouts.pd.proof)."""
+        from .proof import prove
+        proof = prove(plan, runner, int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
+        return Proof(proof.ok, proof.detail, proof.fix or "inv logs --rank prefill-0 / decode-0; inv verify-rdma",
+                     "the P->D path")
+
+    def verify_rdma(self, inv: Inventory, runner: Runner, plan: LaunchPlan) -> list:
+        from .verify import verify_nixl
+        return verify_nixl(inv, runner, plan)
+
+    def api_probes(self, plan: LaunchPlan, cache_proof: int) -> Callable:
+        from .health import api_probes
+        return api_probes(int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
+
 
     def pool(self, inv: Inventory, pool: str) -> list[Host]:
         return [h for h in inv.hosts if pool_of(h) == pool]
@@ -331,7 +357,6 @@ class Pd:
                           stages=first + (Stage(tuple(instances), wait="ready"), Stage((proxy,), wait="ready")),
                           endpoint=Endpoint(proxy.name, proxy.host, proxy.spec.bind, proxy.spec.ports[0], "",
                                             head.vars["model_repo"]),
-                          verifiers=("pd_path", "nixl"),
                           notes=all2all_notes(pool_vars(h).values["vllm_all2all_backend"] or "" for h in self.hosts(inv))
                           + _ignored_env_notes(self.hosts(inv)), dials=tuple(self.dials(inv)))
 

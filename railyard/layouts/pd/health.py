@@ -20,7 +20,8 @@ from . import members
 from ...plan.spec import Endpoint, LaunchPlan, Service
 from ...engines.vllm import parse_kv_cache
 from ...transport import Session
-from ...verbs.verify import Probe, summarize_metrics
+from ...checks.health import Probe
+from ...engines.vllm import summarize_metrics
 
 TPOT_TOKENS = 33
 HISTOGRAMS = {"ttft_mean_s": "vllm:time_to_first_token_seconds",

@@ -14,6 +14,8 @@ hashes differ and nothing is shared; the static checks refuse a second value.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable
+
 from ...errors import Problem
 from ...inventory import IMAGE_RE, Host, Inventory, origin_of
 from ...facts.host import HostFacts, on_host
@@ -23,10 +25,14 @@ from ...engines.lmcache import (EVICTION_POLICIES, HEALTH_PATH, TRANSFER_MODES, 
                                 server_command)
 from ...engines.lmcache import READY_LINE as LMCACHE_READY
 from ...engines.lmcache import REGISTERED_LINE
+from ...plan.layout import Layout
 from ...plan.spec import (ContainerSpec, Dial, Endpoint, File, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service,
                           Stage, is_loopback)
 from ...engines.vllm import READY_LINE, VllmConfig, serve_command, service_env_path
 from ..single_node import serve_hosts
+
+if TYPE_CHECKING:
+    from ...transport.runner import Runner
 
 HASH_SEED_MAX = 4294967295  # what Python accepts for PYTHONHASHSEED besides "random"
 
@@ -35,8 +41,19 @@ def replica_names(n: int) -> list[str]:
     return [f"r{i}" for i in range(n)]
 
 
-class Replicas:
-    name = "replicas"
+class Replicas(Layout, name="replicas"):
+    cache_proof = True
+
+    def api_probes(self, plan: LaunchPlan, cache_proof: int) -> Callable:
+        """Each replica, LMCache and the router (railyard.layouts.replicas.health), and the cache proof."""
+        from .health import api_probes
+        return api_probes(cache_proof)
+
+    def recover(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None, dry_run: bool,
+                timeout: float | None, drain_timeout: float, console: Any) -> Any:
+        """A crashed or named replica: the short or the long path (railyard.layouts.replicas.recover)."""
+        from .recover import recover
+        return recover(inv, runner, plan, target, dry_run, timeout, drain_timeout, console)
 
     def hosts(self, inv: Inventory) -> list[Host]:
         return serve_hosts(inv)[:1]
@@ -195,5 +212,4 @@ class Replicas:
         return LaunchPlan(deployment=dep, layout=self.name,
                           stages=(Stage((lmcache,), wait="ready"), Stage(tuple(replicas), wait="ready"),
                                   Stage((front,), wait="ready")),
-                          endpoint=Endpoint(front.name, h.name, router.bind, router.port, key, cfg.served_model_name),
-                          verifiers=("replicas",))
+                          endpoint=Endpoint(front.name, h.name, router.bind, router.port, key, cfg.served_model_name))

@@ -30,11 +30,11 @@ from ...engines.litellm import READY_PATH, parse_health
 from ...plan.spec import Endpoint, LaunchPlan, Service
 from ...engines.vllm import parse_kv_cache
 from ...transport import Session, cmd
-from ...verbs.verify import CHAT_PROBE, Probe, judge_answer
+from ...checks.health import CHAT_PROBE, Probe, judge_answer
+from ...plan.layout import CACHE_PROOF_AUTO
 
 PROOF_RATIO = 0.8
 PROOF_WORDS = 16384     # the proof prompt's length when the engine's context holds it
-PROOF_WORDS_AUTO = -1   # --proof-words not given
 _RETRIEVED = re.compile(r"Retrieved (\d+) tokens")
 WORDS = ("river", "signal", "copper", "lantern", "orbit", "meadow", "harbor", "ember", "quartz", "willow", "canyon",
          "falcon", "marble", "tundra", "violet", "summit")
@@ -182,10 +182,10 @@ def _context_of(s: Session, svc: Service, plan: LaunchPlan) -> int | None:
 
 
 def proof_length(words: int, context: int | None) -> int:
-    """The proof prompt's words: PROOF_WORDS_AUTO takes PROOF_WORDS, or half the engine's context when that
+    """The proof prompt's words: CACHE_PROOF_AUTO takes PROOF_WORDS, or half the engine's context when that
     is shorter (a word is a token or more); a length the context cannot hold is a usage error, before any
     request."""
-    if words == PROOF_WORDS_AUTO:
+    if words == CACHE_PROOF_AUTO:
         return min(PROOF_WORDS, context // 2) if context else PROOF_WORDS
     if context and words > context // 2:
         raise UsageError(f"--proof-words {words}: longer than the engine's context can hold ({context:,} tokens, "

@@ -21,10 +21,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from ... import facts as F
+from ...facts import ParseError
 from ...errors import LaunchError, UsageError
 from ...facts.probe import Section, joined_script, new_token, split_output
-from ...verbs.preflight import gpus_section
+from ...facts.gpu import Gpu, apps_section, gpus_section, parse_compute_apps, parse_gpus
 from ...transport.runner import Runner
 from ...engines.litellm import CONFIG_TARGET, parse_health
 from ...plan.spec import Endpoint, LaunchPlan, Service, Stage
@@ -32,8 +32,9 @@ from ...transport import Session, Sh, cmd, write_remote
 from ...facts.docker import inspect
 from ...transport.http import parse_metrics, request
 from ...apply.executor import LaunchReport, run_stages
+from ...apply.lock import HeadLock, lock_host
+from ...inventory import Inventory
 
-APPS = "--query-compute-apps=gpu_uuid,pid,process_name,used_memory"
 DRAIN_FILE = "drained"
 
 
@@ -50,7 +51,7 @@ class Holder:
 
 @dataclass
 class GpuState:
-    gpus: dict[str, F.Gpu]        # uuid -> the GPU (memory used/total)
+    gpus: dict[str, Gpu]  # uuid -> the GPU (memory used/total)
     holders: list[Holder]
 
 
@@ -87,7 +88,7 @@ def container_of_pid(pid: int, parents: dict[int, int], mains: dict[int, str]) -
 
 def gpu_state(s: Session) -> GpuState:
     """Every GPU's memory and every compute process on it, mapped to its container, in one round trip."""
-    sections = [gpus_section(), Section("apps", cmd("nvidia-smi", APPS, "--format=csv,noheader,nounits"), "nvidia-smi"),
+    sections = [gpus_section(), apps_section(),
                 Section("ps", Sh("ps -e -o pid=,ppid=")),
                 Section("mains", Sh("n=$(docker ps --format '{{.Names}}'); [ -z \"$n\" ] || docker inspect --format "
                                     "'{{.State.Pid}} {{.Name}}' $n"), "docker")]
@@ -100,9 +101,9 @@ def gpu_state(s: Session) -> GpuState:
         if not out[key].ok:
             raise LaunchError(f"{s.host.name}: nvidia-smi failed: {out[key].text.strip()[:200]}")
     try:
-        gpus = {g.uuid: g for g in F.parse_gpus(out["gpus"].text)}
-        apps = F.parse_compute_apps(out["apps"].text)
-    except F.ParseError as e:
+        gpus = {g.uuid: g for g in parse_gpus(out["gpus"].text)}
+        apps = parse_compute_apps(out["apps"].text)
+    except ParseError as e:
         raise LaunchError(f"{s.host.name}: {e}") from None
     parents = parse_pid_table(out["ps"].text)
     mains = parse_container_pids(out["mains"].text) if out["mains"].ok else {}
@@ -357,3 +358,18 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
     except LaunchError as e:
         rec.failure = str(e)
     return rec
+
+
+def recover(inv: Inventory, runner: Runner, plan: LaunchPlan, replica: str | None, dry_run: bool,
+            timeout: float | None, drain_timeout: float, console) -> Recovery:
+    """`inv recover` for this layout: look at the replicas and their GPUs, choose the short or the long
+    path (or none, or blocked), and unless dry_run take it under the operator lock."""
+    rec, _ = survey(plan, runner, replica)
+    if dry_run or rec.path in ("none", "blocked"):
+        return rec
+    v = inv.host(plan.endpoint.host).vars
+    util = float(v["vllm_gpu_memory_utilization"])
+    router_wait = 2 * v["litellm_health_check_interval_s"] + 30  # two checks, and the checks themselves
+    with HeadLock(runner.session(lock_host(inv)), "inv recover"):
+        return execute(plan, runner, rec, util, float(timeout or v["vllm_start_timeout_s"]), drain_timeout, console,
+                       router_wait)

@@ -13,8 +13,9 @@ NUMA nodes' CPUs (vllm_cpuset: auto).
 from __future__ import annotations
 
 from ...errors import Problem
-from ...inventory import Host, Inventory, origin_of
+from ...inventory import Host, Inventory, origin_of, set_by_default
 from ...facts.host import HostFacts, on_host
+from ...plan.layout import Layout
 from ...plan.spec import ContainerSpec, Dial, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service, Stage
 from ...engines.vllm import (API_KEY_TARGET, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, all2all_notes,
                              all2all_problem, serve_command)
@@ -31,14 +32,12 @@ def serve_hosts(inv: Inventory) -> list[Host]:
 def _set_by_user(h: Host, keys: tuple[str, ...]) -> str:
     """The first of keys the inventory or --set gave a value (not a role or layout default)."""
     for k in keys:
-        file_ = origin_of(h, k)[0]
-        if "/roles/" not in file_.replace("\\", "/"):
+        if not set_by_default(h, k):
             return k
     return keys[0]
 
 
-class SingleNodeTP:
-    name = "single_node_tp"
+class SingleNodeTP(Layout, name="single_node_tp"):
     role = "engine"
 
     def hosts(self, inv: Inventory) -> list[Host]:
@@ -113,8 +112,7 @@ class SingleNodeTP:
                           verifiers=("kv_engines",) if dp > 1 else (), notes=all2all_notes([cfg.all2all_backend]))
 
 
-class DpEp(SingleNodeTP):
-    name = "dp_ep"
+class DpEp(SingleNodeTP, name="dp_ep"):
 
     def _own_checks(self, h: Host, cfg: VllmConfig) -> list[Problem]:
         out = []

@@ -1,0 +1,180 @@
+"""The verifying tasks: verify-rdma (NCCL or NIXL over the rails), health (one look or --watch), recover."""
+
+from __future__ import annotations
+
+import time
+
+from rich.table import Table
+from rich.text import Text
+
+from ..checks.nccl import passed_line
+from ..checks.nixl import NixlVerdict
+from ..errors import UsageError
+from ..plan.layout import CACHE_PROOF_AUTO
+from ..report import (NO_HOST, console, health_report, nixl_report, rdma_report, recover_report,
+                      verdict_table)
+from . import load, rtask
+
+
+@rtask(help={"log": "judge this NCCL log file instead (repeatable; no SSH)"}, iterable=["log"])
+def verify_rdma(inventory=None, log=None, json=False, set_=None):
+    """Prove NCCL uses GPUDirect RDMA over the rail on every rank (not a silent TCP fallback)."""
+    from ..verbs.verify import judge_files, verify_rdma as run
+    if log:
+        results = judge_files(list(log))
+        report = rdma_report(results, host_of=lambda source: NO_HOST)  # files on this machine: no host
+    else:
+        plan, results = run(load(inventory, set_))
+        if results and isinstance(results[0], NixlVerdict):  # the layout's own: KV blocks over NIXL, no NCCL
+            return _nixl_verdicts(results, json)
+        if not results:  # a one-host layout: no rail carries NCCL traffic
+            msg = f"SKIP: layout {plan.layout} runs on one host; NCCL stays inside it, no rail to verify"
+            report = rdma_report([], skipped=msg, skip_host=plan.hosts()[0], layout=plan.layout)
+            if json:
+                return report.print_json()
+            console().print(Text(msg, style="yellow"))
+            return report.exit_code
+        report = rdma_report(results)
+    if json:
+        return report.print_json()
+    con = console()
+    con.print(verdict_table(results, "verify-rdma: NCCL transport per rank"))
+    con.print(Text(passed_line(results, on_the_rail=not log) if report.ok else
+                   "FAILED: see the reasons; a socket fallback makes a multi-node model several times slower",
+                   style="bold green" if report.ok else "bold red"))
+    return report.exit_code
+
+
+def _nixl_verdicts(verdicts: list, json_out: bool) -> int:
+    report = nixl_report(verdicts)
+    if json_out:
+        return report.print_json()
+    con = console()
+    t = Table(title="verify-rdma: NIXL (UCX) transport per instance", title_justify="left")
+    for c in ("source", "verdict", "transport", "devices", "reasons"):
+        t.add_column(c, overflow="fold")
+    for v in verdicts:
+        t.add_row(v.source, Text(v.verdict.upper(), style="green" if v.verdict == "pass" else "bold red"),
+                  v.transport or "none seen", ", ".join(v.devices) or "-",
+                  Text("\n".join(v.reasons), style="red") if v.reasons else "")
+    con.print(t)
+    con.print(Text("OK: KV blocks move over RDMA on the rails" if report.ok else
+                   "FAILED: see the reasons; KV over TCP makes every request's TTFT pay for it",
+                   style="bold green" if report.ok else "bold red"))
+    return report.exit_code
+
+
+def _health_look(inv, cache_proof: int = 0):
+    """One look: (plan, ranks, probes, metrics, report)."""
+    from ..verbs.verify import health as run
+    plan, ranks, probes, metrics = run(inv, cache_proof)
+    return plan, ranks, probes, metrics, health_report(ranks, probes, metrics, plan.endpoint.host)
+
+
+def _health_once(inv, json_out: bool, indent: int | None = 2, cache_proof: int = 0) -> int:
+    plan, ranks, probes, metrics, report = _health_look(inv, cache_proof)
+    if json_out:
+        return report.print_json(indent)
+    return _health_view(plan, ranks, probes, metrics, report)
+
+
+def _health_view(plan, ranks, probes, metrics, report) -> int:
+    ok = report.ok
+    con = console()
+    t = Table(title="health: ranks", title_justify="left")
+    for c in ("rank", "host", "service", "container", "uptime", "GPU memory", "serving process", "problems"):
+        t.add_column(c, overflow="fold")
+    for r in ranks:
+        t.add_row("-" if r.rank is None else str(r.rank), r.host, r.service, r.state, f"{r.uptime_s:.0f} s" if r.uptime_s is not None else "-",
+                  f"{r.gpu_used_mib} MiB" if r.gpu_used_mib is not None else "-", r.serving_process or "-",
+                  Text("; ".join(r.reasons), style="bold red") if r.reasons else Text("ok", style="green"))
+    con.print(t)
+    p = Table(title=f"health: API on {plan.endpoint.host} ({plan.endpoint.service})", title_justify="left")
+    for c in ("probe", "result", "detail", "latency"):
+        p.add_column(c, overflow="fold")
+    for pr in probes:
+        p.add_row(pr.name, Text("OK" if pr.ok else "FAIL", style="green" if pr.ok else "bold red"), pr.detail,
+                  f"{pr.ms:.0f} ms" if pr.ms else "-")
+    con.print(p)
+    if metrics and "running" in metrics:
+        fmt = lambda v, pct=False: "-" if v is None else (f"{v * 100:.1f} %" if pct else f"{v:g}")
+        con.print(f"metrics: running {fmt(metrics['running'])}, waiting {fmt(metrics['waiting'])}, KV cache "
+                  f"{fmt(metrics['kv_cache_usage'], True)}, prefix-cache hit rate "
+                  f"{fmt(metrics['prefix_cache_hit_rate'], True)}, speculative acceptance "
+                  f"{fmt(metrics['spec_acceptance'], True)}")
+    kv = metrics.get("kv_per_rank")
+    if kv and kv["per_rank"]:
+        con.print("KV tokens per DP rank: " + ", ".join(f"{r}: {n:,}" for r, n in kv["per_rank"].items()) +
+                  f" (min {kv['min']:,}, sum {kv['sum']:,}, spread {kv['spread'] * 100:.1f} %)")
+    con.print(Text("OK: healthy" if ok else "FAILED: see above", style="bold green" if ok else "bold red"))
+    return report.exit_code
+
+
+@rtask(help={"watch": "repeat every N seconds as a live view",
+             "cache-proof": "replicas layout: one long new prompt to r0, then to r1; r1 must reuse r0's KV from LMCache",
+             "proof-words": "length of that prompt in words (default 16384, or half the engine's max_model_len when "
+                            "shorter)"},
+       numbers={"watch": float, "proof_words": int})
+def health(inventory=None, json=False, watch=None, cache_proof=False, proof_words=None, set_=None):
+    """Services up and on their GPUs; the endpoint's /health, /v1/models, a real chat completion, /metrics."""
+    proof = 0
+    if cache_proof:
+        proof = CACHE_PROOF_AUTO if proof_words is None else proof_words
+    inv = load(inventory, set_)
+    if not watch:
+        return _health_once(inv, json, cache_proof=proof)
+    if watch < 1:
+        raise UsageError(f"--watch {watch}: at least 1 second")
+    seen: dict | None = None
+    while True:  # a look every WATCH seconds until Ctrl-C (exit 130); only what changed is printed
+        plan, ranks, probes, metrics, report = _health_look(inv)
+        now = {(c.host, c.check): c for c in report.checks}
+        if seen is None and json:
+            report.print_json(None)
+        elif seen is None:
+            _health_view(plan, ranks, probes, metrics, report)
+        elif {k: c.status for k, c in now.items()} != {k: c.status for k, c in seen.items()}:
+            if json:  # one document per change, one line each (for a pager)
+                report.print_json(None)
+            else:
+                stamp = time.strftime("%H:%M:%S")
+                for k in sorted(set(now) | set(seen)):
+                    was, got = seen.get(k), now.get(k)
+                    if was is None or got is None or was.status != got.status:
+                        c = got or was
+                        console().print(f"{stamp} {c.host} {c.check}: {was.status if was else '-'} -> "
+                                        f"{got.status if got else 'gone'}: {c.detail}", soft_wrap=True, markup=False)
+        seen = now
+        time.sleep(watch)
+
+
+@rtask(help={"replica": "restart this replica (r0, r1, ...) even if healthy: a planned restart",
+             "dry-run": "print the path recover would take and why; change nothing",
+             "timeout": "seconds each start may take to pass its gates (default: vllm_start_timeout_s)",
+             "drain-timeout": "seconds to wait for a drained replica's requests in flight (default 300)"},
+       numbers={"timeout": float, "drain_timeout": float})
+def recover(inventory=None, replica=None, dry_run=False, timeout=None, drain_timeout=None, json=False, set_=None):
+    """Replicas layout: bring a crashed replica back (alone, or with LMCache when it holds the GPUs)."""
+    from ..verbs.serve import recover as run
+    con = console()
+    plan, rec = run(load(inventory, set_), replica, dry_run, timeout, 300.0 if drain_timeout is None else drain_timeout,
+                    None if json else con)
+    if json:
+        return recover_report(plan, rec, dry_run).print_json()
+    title = {"none": "nothing to recover", "short": "short path: restart the replica alone",
+             "long": "long path: restart LMCache and every replica", "blocked": "blocked"}[rec.path]
+    con.print(Text(f"recover ({plan.deployment}): {title}", style="bold"))
+    for w in rec.why:
+        con.print(f"  why: {w}")
+    if dry_run or rec.path in ("none", "blocked"):
+        for i, st in enumerate(rec.steps, 1):
+            con.print(f"  {'would' if dry_run and rec.path != 'blocked' else 'do'} {i}. {st}")
+    for d in rec.done:
+        con.print(Text(f"  done: {d}", style="green"))
+    if rec.failure:
+        con.print(Text(f"FAILED: {rec.failure}", style="bold red"))
+    elif rec.path == "blocked":
+        con.print(Text("FAILED: recover does not touch a process it did not start", style="bold red"))
+    elif not dry_run and rec.path != "none":
+        con.print(Text(f"OK: {', '.join(rec.replicas)} recovered", style="bold green"))
+    return 0 if rec.ok else 1

@@ -1,0 +1,85 @@
+"""The layout of the code: a layout is one folder under railyard/layouts/, found by one registry, and
+the generic folders name no layout (what a layout knows beyond its plan is one of its hooks)."""
+
+import ast
+import io
+import re
+import tokenize
+
+from railyard.plan import layout as layouts
+
+from .conftest import ROOT
+
+PKG = ROOT / "railyard"
+GENERIC = ("transport", "facts", "checks", "plan", "render", "apply", "verbs", "cli", "bench")
+# a word that is also a layout's name, where it means something else
+NOT_A_LAYOUT = {
+    ("render/lws.py", "replicas"): "the Kubernetes field (a LeaderWorkerSet's or a Deployment's replica count)",
+    ("report.py", "replicas"): "the recover report's field: the replicas it restarted",
+    ("cli/verify.py", "replicas"): "the recover report's field (the replicas it restarted), --cache-proof's help",
+}
+# the KV planner (`inv plan`) still compares the two one-host layouts itself: it moves beside them once
+# the model math it shares with the engines lives in railyard/engines
+PLANNER = {"verbs/capacity.py", "cli/capacity.py"}
+
+
+def generic_files():
+    for d in GENERIC:
+        yield from sorted((PKG / d).rglob("*.py"))
+    for f in ("report.py", "inventory.py", "errors.py"):
+        yield PKG / f
+
+
+def layout_words(path):
+    """(line, word, how) for every layout name in the file's code: imports of a layout's package,
+    names, and words inside string literals; docstrings and comments are prose, not code."""
+    text = path.read_text()
+    tree = ast.parse(text)
+    prose = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and ast.get_docstring(node, clean=False) is not None:
+            prose |= set(range(node.body[0].lineno, node.body[0].end_lineno + 1))
+        if isinstance(node, ast.ImportFrom) and node.module and re.search(r"(^|\.)layouts\.", node.module):
+            yield node.lineno, node.module, "import"
+    names = set(layouts.names())
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.start[0] in prose:
+            continue
+        if tok.type == tokenize.NAME and tok.string in names:
+            yield tok.start[0], tok.string, "name"
+        elif tok.type == tokenize.STRING:
+            for w in set(re.findall(r"[A-Za-z_]+", tok.string)) & names:
+                yield tok.start[0], w, "string"
+
+
+def test_every_layout_is_one_package_found_by_the_registry():
+    names = layouts.names()
+    assert set(names) == {"multinode_tp", "single_node_tp", "dp_ep", "replicas", "pd"}
+    for name in names:
+        module = type(layouts.by_name(name)).__module__
+        assert re.fullmatch(r"railyard\.layouts\.\w+", module), (name, module)
+    packages = {p.parent.name for p in (PKG / "layouts").glob("*/__init__.py")}
+    assert packages == {type(layouts.by_name(n)).__module__.rsplit(".", 1)[1] for n in names}
+
+
+def test_the_generic_folders_name_no_layout():
+    seen = []
+    for path in generic_files():
+        rel = str(path.relative_to(PKG))
+        if rel in PLANNER:
+            continue
+        for line, word, how in layout_words(path):
+            if how != "import" and (rel, word) in NOT_A_LAYOUT:
+                continue
+            seen.append(f"railyard/{rel}:{line}: {how} {word}")
+    assert not seen, "a generic module names a layout (make it the layout's hook):\n" + "\n".join(seen)
+
+
+def test_the_check_sees_a_layout_named_in_generic_code(tmp_path):
+    """The grep above is not blind: it finds each way a layout can be named."""
+    f = tmp_path / "m.py"
+    f.write_text('"""pd in prose is fine."""\nfrom ..layouts.pd import proof  # pd\n'
+                 'if plan.layout == "replicas":\n    dp_ep = 1\n')
+    assert sorted((how, w) for _, w, how in layout_words(f)) == [
+        ("import", "layouts.pd"), ("name", "dp_ep"), ("name", "pd"), ("string", "replicas")]
