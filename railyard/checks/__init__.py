@@ -206,6 +206,7 @@ def check_mtu(hosts: list[Host], outs: dict[str, Output]) -> dict[str, CheckResu
         if bad:
             res[h.name] = bad
             continue
+        assert out is not None  # unusable() fails a missing output
         link = F.parse_ip_link(out.text).get(h.serve_rail.name)
         if link is None:
             res[h.name] = CheckResult(h.name, "mtu", FAIL, f"no interface {h.serve_rail.name}", _first_lines(out.text))
@@ -254,10 +255,11 @@ def jumbo_frames_lost(out: Output | None, ip: str) -> bool:
     return ping.transmitted > 0 and ping.received == 0
 
 
-def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
+def check_jumbo_ping(host: Host, out: Output | None, peers: list[Host]) -> CheckResult:
     bad = unusable(host, "jumbo_ping", out, "ping")
     if bad:
         return bad
+    assert out is not None  # unusable() fails a missing output
     if not peers:
         return CheckResult(host.name, "jumbo_ping", SKIP, "no peers")
     size = host.vars["preflight_mtu"] - 28
@@ -305,10 +307,11 @@ def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
                        f"ping -I {rail} -M do -s {size}")
 
 
-def check_route(host: Host, out: Output, peers: list[Host]) -> CheckResult:
+def check_route(host: Host, out: Output | None, peers: list[Host]) -> CheckResult:
     bad = unusable(host, "route", out, "ip route get")
     if bad:
         return bad
+    assert out is not None  # unusable() fails a missing output
     rail = host.serve_rail.name
     routes = {r.dest: r for r in F.parse_route_get(out.text)}
     wrong, good = [], []
@@ -626,7 +629,9 @@ def check_gpu_health(host: Host, health_out: Output, dmesg_out: Output | None) -
         gpus = F.parse_gpu_health(health_out.text)
     except F.ParseError as e:
         return CheckResult(host.name, "gpu_health", FAIL, f"cannot read nvidia-smi: {e}", _first_lines(health_out.text, 2))
-    fails, warns, ev = [], [], []
+    fails: list[str] = []
+    warns: list[str] = []
+    ev: list[str] = []
     for g in gpus:
         tag = f"GPU {g.index} {g.uuid}"
         if g.ecc_uncorrected_volatile:
@@ -644,8 +649,8 @@ def check_gpu_health(host: Host, health_out: Output, dmesg_out: Output | None) -
     if dmesg_out is not None and dmesg_out.rc == 0 and not dmesg_out.missing_tool:
         kernel_read = True
         for x in F.parse_xids(dmesg_out.text):
-            g = next((g for g in gpus if F.pci_matches(x.pci, g.bus_id)), None)
-            tag = f"GPU {g.index} ({x.pci})" if g else f"PCI {x.pci}"
+            hit = next((g for g in gpus if F.pci_matches(x.pci, g.bus_id)), None)
+            tag = f"GPU {hit.index} ({x.pci})" if hit else f"PCI {x.pci}"
             what = XID_FIX.get(x.code, x.text[:80])
             (warns if x.code in APP_XIDS else fails).append(f"{tag}: Xid {x.code} since boot ({what})")
             ev.append(x.line[:200])
@@ -696,7 +701,7 @@ def _gdr_parts(text: str) -> dict[str, str]:
 
 def _kernel_at_least(release: str | None, major: int, minor: int) -> bool:
     m = re.match(r"(\d+)\.(\d+)", release or "")
-    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (major, minor)
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= (major, minor)
 
 
 ACS_FIX = ("disable ACS redirect on {ports}: in the BIOS (PCIe ACS Control off) or at boot, as root, "
@@ -718,11 +723,12 @@ def _acs(host: Host, lspci: str, gpu_buses: list[str] | None, nic_bus: str | Non
             "run preflight as root (ansible_user: root) to read ACS, or check by hand: "
             "sudo lspci -vvv | grep -E 'Downstream Port|ACSCtl'"], []
     try:
-        gpus = [devs.get(F.pci_bdf(b)) for b in gpu_buses or []]
+        found = [devs.get(F.pci_bdf(b)) for b in gpu_buses or []]
         nic = devs.get(F.pci_bdf(nic_bus)) if nic_bus else None
     except ValueError:
-        gpus, nic = [], None
-    if with_paths and nic is not None and gpus and all(gpus):
+        found, nic = [], None
+    gpus = [g for g in found if g is not None]
+    if with_paths and nic is not None and gpus and len(gpus) == len(found):
         on_path: set[str] = set()
         for g in gpus:
             on_path |= set(g.path[:-1]) ^ set(nic.path[:-1])
@@ -891,10 +897,11 @@ def check_parity(hosts: list[Host], seen: dict[str, dict[str, str | None]]) -> d
 
 # ---------------------------------------------------------------- ssh from the head
 
-def check_ssh_peer(head: Host, out: Output, workers: list[Host]) -> CheckResult:
+def check_ssh_peer(head: Host, out: Output | None, workers: list[Host]) -> CheckResult:
     bad = unusable(head, "ssh_peer", out, "ssh")
     if bad:
         return bad
+    assert out is not None  # unusable() fails a missing output
     if not workers:
         return CheckResult(head.name, "ssh_peer", SKIP, "no workers")
     blocks = split_blocks(out.text)
@@ -984,6 +991,7 @@ def check_ports(h: Host, dials: list, out: Output | None, listeners: dict[str, O
     bad = unusable(h, "ports", out, "python3")
     if bad:  # the probe could not run: nothing was shown about the ports
         return CheckResult(h.name, "ports", WARN, bad.detail + ": the ports were not tried", bad.evidence, bad.hint)
+    assert out is not None  # unusable() fails a missing output
     _, mine = parse_port_probe(out.text)
     ok, failed, unseen, hints, evidence = [], [], [], [], []
     for d in dials:

@@ -10,6 +10,7 @@ import io
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class ParseError(ValueError):
@@ -777,7 +778,10 @@ class IbDevInfo:
 
 def parse_ibv_devinfo(text: str) -> IbDevInfo:
     """`ibv_devinfo -d HCA` (tab-indented `key:\\tvalue`, ports as `port:\\tN` blocks)."""
-    hca, fw, ports, cur = None, None, {}, None
+    hca: str | None = None
+    fw: str | None = None
+    ports: dict[int, dict[str, Any]] = {}
+    cur: dict[str, Any] | None = None
     for raw in text.splitlines():
         k, sep, v = raw.strip().partition(":")
         if not sep:
@@ -821,7 +825,7 @@ class PciDev:
 
     @property
     def redirects(self) -> bool:
-        return bool(self.acsctl) and bool(self.acsctl.get("ReqRedir") or self.acsctl.get("CmpltRedir"))
+        return self.acsctl is not None and bool(self.acsctl.get("ReqRedir") or self.acsctl.get("CmpltRedir"))
 
 
 def pci_bdf(text: str, domain: str = "0000") -> str:

@@ -130,7 +130,9 @@ def answer(outputs: dict[str, str | tuple[int, str]]):
     """A FakeSession answer to a joined script: each section's output (or (rc, output)) tagged as a
     host would print it; a section not in outputs reports its tool missing. For unit tests."""
     def reply(script: str) -> tuple[int, str]:
-        token = re.search(r"^T='?([^'\n]+)'?$", script, re.M).group(1)
+        m = re.search(r"^T='?([^'\n]+)'?$", script, re.M)
+        assert m, f"not a joined script (no token line): {script[:80]!r}"
+        token = m.group(1)
         out = []
         for key in re.findall(r"^ry (\S+) \d+ ", script, re.M):
             got = outputs.get(key, (127, MISSING_MARK + key + "\n"))

@@ -41,9 +41,9 @@ def get(inv: Inventory) -> Layout:
     from ..layouts.pd import Pd
     from ..layouts.replicas import Replicas
     from ..layouts.single_node import DpEp, SingleNodeTP
-    return {"multinode_tp": MultinodeTP, "single_node_tp": SingleNodeTP, "dp_ep": DpEp, "replicas": Replicas,
-            "pd": Pd}[
-        inv.head.vars["serve_layout"]]()
+    classes: dict[str, type[Layout]] = {"multinode_tp": MultinodeTP, "single_node_tp": SingleNodeTP, "dp_ep": DpEp,
+                                         "replicas": Replicas, "pd": Pd}
+    return classes[inv.head.vars["serve_layout"]]()
 
 
 def validated(inv: Inventory) -> Layout:
