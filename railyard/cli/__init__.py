@@ -110,7 +110,7 @@ def trust_hosts(inventory: str | None = None, hosts: str | None = None, accept: 
         t.add_column(col, no_wrap=col != "status")
     code = 0
     for st in statuses:
-        action = st.status
+        action: str = st.status
         if st.status == "unknown" and accept:
             record(st)
             action = "recorded"
@@ -167,7 +167,9 @@ def env(inventory: str | None = None, check: bool = False, overrides=None) -> in
         con.print(f"--check: {len(changed)} file(s) would change ({', '.join(changed) or 'none'}); nothing written "
                   "to the hosts", style="bold")
         return 1 if changed else 0
-    con.print(f"rendered {len(files)} env file(s) into {files[0].local.parent}/; written on: "
+    where = files[0].local
+    assert where is not None  # plan_env gives each file its local path, and write_local wrote it there
+    con.print(f"rendered {len(files)} env file(s) into {where.parent}/; written on: "
               f"{', '.join(written) or 'none (all current)'}")
     return 0
 
@@ -227,6 +229,7 @@ def launch(inventory: str | None = None, rank_order: str | None = None, dry_run:
         con.print(f"note: {note}", style="yellow", markup=False)
     if dry_run:
         from ..apply.executor import describe
+        assert rep.plan is not None  # a dry run's report always carries its plan
         for svc in rep.plan.services():
             con.print(f"# {describe(svc)}", style="bold")
             con.print(rep.commands[svc.name], highlight=False, markup=False, soft_wrap=True)
@@ -479,6 +482,7 @@ def health(inventory: str | None = None, json_out: bool = False, watch: float | 
                     was, got = seen.get(k), now.get(k)
                     if was is None or got is None or was.status != got.status:
                         c = got or was
+                        assert c is not None  # k is in now or in seen
                         console().print(f"{stamp} {c.host} {c.check}: {was.status if was else '-'} -> "
                                         f"{got.status if got else 'gone'}: {c.detail}", soft_wrap=True, markup=False)
         seen = now

@@ -86,7 +86,7 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
                                           + cmd("ping", "-I", rail.name, "-M", "do", "-s", size, "-c", count,
                                                 "-i", "0.2", "-W", "2", p.serve_rail.ip)))
                      for p in peers])
-    routes = cmd("printf", "route get %s\\n", *[p.serve_rail.ip for p in peers]) + " | ip -o -force -batch -"
+    routes = Sh(cmd("printf", "route get %s\\n", *[p.serve_rail.ip for p in peers]) + " | ip -o -force -batch -")
     sections = [
         # docker: `version` for the daemon, one `image inspect` for the pinned reference and its tag (a JSON array
         # of those found, an error line for each one missing); two calls: no docker command answers both
@@ -98,8 +98,8 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
         Section("ethtool", cmd("ethtool", rail.name), "ethtool"),
         gids_section(rail.hca),
         time_section(),
-        Section("df", f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -P -B1 \"$p\"", "df"),
-        Section("du", f"if [ -d {model} ]; then du -sb --exclude=.cache {model}; fi", "du", 60),
+        Section("df", Sh(f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -P -B1 \"$p\""), "df"),
+        Section("du", Sh(f"if [ -d {model} ]; then du -sb --exclude=.cache {model}; fi"), "du", 60),
         Section("gpus", Sh(cmd("nvidia-smi", "--query-gpu=" + ",".join(GPU_AND_HEALTH_FIELDS),
                                    "--format=csv,noheader,nounits") + " 2>&1 || "
                            + cmd("nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits")),
@@ -201,11 +201,12 @@ KEX_FIRST = "KexAlgorithms=^curve25519-sha256"
 def ssh_peer_section(targets: list[Host], hang_s: int = SSH_PEER_HANG_S) -> Section:
     """From one host, a non-interactive ssh to each target's rail address, host keys checked."""
     detect = Sh(f"k=; ssh -G -o {q(KEX_FIRST)} railyard-probe >/dev/null 2>&1 && k={q(KEX_FIRST)}\n")
-    return Section("ssh_peer", detect + fan_out([
-        (t.serve_rail.ip, cmd("timeout", hang_s, "ssh", "-n") + ' ${k:+-o "$k"} '
-         + cmd("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"ConnectTimeout={hang_s - 3}",
-               *(["-l", t.user] if t.user else []), t.serve_rail.ip, "hostname"))
-        for t in targets]), "ssh", hang_s + 7)
+    return Section("ssh_peer", Sh(detect + fan_out([
+        (t.serve_rail.ip, Sh(cmd("timeout", hang_s, "ssh", "-n") + ' ${k:+-o "$k"} '
+                             + cmd("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                                   "-o", f"ConnectTimeout={hang_s - 3}",
+                                   *(["-l", t.user] if t.user else []), t.serve_rail.ip, "hostname")))
+        for t in targets])), "ssh", hang_s + 7)
 
 
 def ssh_peer_again(workers: list[Host]):
@@ -338,7 +339,8 @@ def _asked_again(session: Session, sections: list[Section], outputs: dict[str, O
 def evaluate(inv: Inventory, probes: dict[str, HostProbe], dials: list[Dial] | None = None) -> list[C.CheckResult]:
     """Turn every host's probe outputs into check results (cross-host checks included)."""
     per: dict[str, dict[str, C.CheckResult]] = {h.name: {} for h in inv.hosts}
-    reachable = [h for h in inv.hosts if probes[h.name].outputs is not None]
+    outs = {h.name: o for h in inv.hosts if (o := probes[h.name].outputs) is not None}
+    reachable = [h for h in inv.hosts if h.name in outs]
     for h in inv.hosts:
         p = probes[h.name]
         per[h.name]["ssh"] = p.ssh
@@ -350,7 +352,7 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe], dials: list[Dial] | N
                 per[h.name][name] = C.CheckResult(h.name, name, C.SKIP, "host not reachable (see the ssh check)")
     image_ids: dict[str, str] = {}
     for h in reachable:
-        o = probes[h.name].outputs
+        o = outs[h.name]
         peers = [p for p in inv.hosts if p.name != h.name]
         r = per[h.name]
         r["docker"] = C.check_docker(h, o["docker_version"])
@@ -379,16 +381,16 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe], dials: list[Dial] | N
     for name, res in C.cross_image({h.name: per[h.name]["image"] for h in reachable}, image_ids,
                                    inv.head.vars["vllm_image"]).items():
         per[name]["image"] = res
-    for name, res in C.check_mtu(reachable, {h.name: probes[h.name].outputs["ip_link"] for h in reachable}).items():
+    for name, res in C.check_mtu(reachable, {h.name: outs[h.name]["ip_link"] for h in reachable}).items():
         per[name]["mtu"] = res
-    seen = {h.name: _versions(probes[h.name].outputs, h.vars["vllm_image"].partition("@")[2]) for h in reachable}
+    seen = {h.name: _versions(outs[h.name], h.vars["vllm_image"].partition("@")[2]) for h in reachable}
     for name, res in C.check_parity(reachable, seen).items():
         per[name]["parity"] = res
-    C.one_cause(reachable, per, {h.name: probes[h.name].outputs.get("ping") for h in reachable})
+    C.one_cause(reachable, per, {h.name: outs[h.name].get("ping") for h in reachable})
     for name, res in C.check_clock_skew(reachable, {h.name: probes[h.name].clock for h in reachable}).items():
         per[name]["clock_skew"] = res
-    listeners = {h.name: probes[h.name].outputs.get("ports") for h in reachable}
-    offsets = {h.name: probes[h.name].clock.offset_s for h in reachable if probes[h.name].clock}
+    listeners = {h.name: outs[h.name].get("ports") for h in reachable}
+    offsets = {h.name: clock.offset_s for h in reachable if (clock := probes[h.name].clock)}
     for h in reachable:
         mine = [d for d in dials or [] if d.src == h.name]
         if mine:  # a row on each host that dials (the hosts it dials show their listener there)
@@ -480,9 +482,12 @@ def _versions(o: dict[str, Output], pinned: str | None = None) -> dict[str, str 
 def run_preflight(inv: Inventory, on_host=None) -> list[C.CheckResult]:
     """on_host(name, HostProbe or Result), if given, hears of each host as its probe lands (a progress display)."""
     with Runner(inv.hosts) as runner:
-        probes = runner.each(lambda s: probe_host(s, inv), on_done=on_host)
-        for name, p in list(probes.items()):
-            if not isinstance(p, HostProbe):  # a bug inside one host's probe: report it, keep the rest
+        probes: dict[str, HostProbe] = {}
+        for name, p in runner.each(lambda s: probe_host(s, inv), on_done=on_host).items():
+            if isinstance(p, HostProbe):
+                probes[name] = p
+            else:  # a bug inside one host's probe: report it, keep the rest
+                assert p.error is not None  # the runner's Result for a probe that raised carries the error
                 h = inv.host(name)
                 probes[name] = HostProbe(h, None, None, C.CheckResult(name, "ssh", C.FAIL, str(p.error), "",
                                                                       p.error.hint))
@@ -499,8 +504,8 @@ def run_preflight(inv: Inventory, on_host=None) -> list[C.CheckResult]:
 def port_round(runner: Runner, probes: dict[str, HostProbe], dials: list[Dial]) -> None:
     """The ports check's own round, on the hosts that answered: every host concerned at once, each one's
     listeners and dials in one command; its output goes beside the host's other probes as `ports`."""
-    sections = {h.name: ports_section(h, dials) for h in runner.hosts if h.name in probes}
-    todo = [h for h in runner.hosts if sections.get(h.name)]
+    sections = {h.name: sec for h in runner.hosts if h.name in probes and (sec := ports_section(h, dials))}
+    todo = [h for h in runner.hosts if h.name in sections]
 
     def one(s: Session) -> Output:
         sec = sections[s.host.name]
@@ -508,4 +513,6 @@ def port_round(runner: Runner, probes: dict[str, HostProbe], dials: list[Dial]) 
         r = s.run(joined_script([sec], token), timeout=sec.timeout + 10)
         return split_output(r.stdout, [sec], token)["ports"] if not r.error else Output(None, "")
     for name, out in runner.each(one, todo).items():
-        probes[name].outputs["ports"] = out if isinstance(out, Output) else Output(None, "")
+        outputs = probes[name].outputs
+        assert outputs is not None  # the dials join only hosts whose probe answered (run_preflight's railed)
+        outputs["ports"] = out if isinstance(out, Output) else Output(None, "")
