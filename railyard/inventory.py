@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import AbstractSet, Any, Iterable
 
 import yaml
 
@@ -491,7 +491,7 @@ def _type_ok(value: Any, default: Any) -> bool:
 
 
 def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defaults: dict,
-                inv_path: Path, problems: list[Problem], nullable: set[str] = frozenset()) -> Host | None:
+                inv_path: Path, problems: list[Problem], nullable: AbstractSet[str] = frozenset()) -> Host | None:
     start = len(problems)
 
     def bad(key: str, msg: str) -> None:

@@ -526,7 +526,7 @@ def checks_table(results: list[CheckResult], title: str) -> Table:
         ev = Text(r.detail)
         if r.evidence:
             ev.append("\n" + r.evidence, style="dim")
-        row = [r.host, r.check, Text(r.status.upper(), style=STYLE.get(r.status, "")), ev]
+        row: list[str | Text] = [r.host, r.check, Text(r.status.upper(), style=STYLE.get(r.status, "")), ev]
         if needs_fix:
             row.append(Text(r.hint, style="cyan") if r.status in ("fail", "warn") else "")
         t.add_row(*row)

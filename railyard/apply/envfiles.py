@@ -65,6 +65,8 @@ def plan_env(plan: LaunchPlan, runner: Runner) -> list[EnvFile]:
 def write_local(files: list[EnvFile]) -> list[Path]:
     out = []
     for f in files:
+        if f.local is None:
+            raise ValueError(f"{f.host}: {f.service}: the env file has no local path")
         f.local.parent.mkdir(parents=True, exist_ok=True)
         f.local.write_text(f.rendered)
         f.local.chmod(0o600)

@@ -16,6 +16,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..facts import ParseError
 from ..errors import CommandFailed, LaunchError, UsageError
@@ -30,6 +31,9 @@ from ..facts.net import parse_port_probe, port_probe
 from ..plan import layout as layouts
 from . import timeline
 from .envfiles import EnvFile
+
+if TYPE_CHECKING:
+    from rich.live import Live  # for the annotation only: __enter__ imports it when it is used
 
 POLL_S = 0.3
 
@@ -157,7 +161,7 @@ class _Status:
     def __init__(self, console, states: list[ServiceState]):
         self.console = console
         self.states = states
-        self.live = None
+        self.live: Live | None = None
 
     def table(self):
         from rich.table import Table
@@ -303,6 +307,7 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
     if rep.failure:
         rep.hint = ("read the logs above; `inv logs --rank HOST`; `inv preflight` for the hosts; --rollback stops what a "
                     "failed launch started")
+        assert rep.failed_service is not None  # fail() sets it with the failure
         if states[rep.failed_service].detail.startswith("timed out"):  # a rank may wait for a peer it cannot reach
             cut = unreachable_dials(plan, runner, {s.host for s in live})
             if cut:
@@ -334,7 +339,8 @@ def unreachable_dials(plan: LaunchPlan, runner: Runner, running: set[str]) -> li
     got = runner.each(one, [runner.session(src).host for src in by_src])
     out = []
     for src, dials in by_src.items():
-        seen = got[src] if isinstance(got[src], dict) else {}  # a host that did not answer shows nothing
+        res = got[src]
+        seen = res if isinstance(res, dict) else {}  # a host that did not answer shows nothing
         out += [(d, seen[(d.address, d.port)].status) for d in dials
                 if (d.address, d.port) in seen and seen[(d.address, d.port)].status != "connected"]
     return out
@@ -364,8 +370,8 @@ def prechecks(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path
             f"test -f {q(RemotePath(model_path + '/config.json'))}", timeout=30).ok
         return ids, ok
 
-    got = runner.each(look, [runner.session(h).host for h in plan.hosts()])
-    got = {n: (v if isinstance(v, tuple) else ({i: None for i in images[n]}, False)) for n, v in got.items()}
+    got = {n: (v if isinstance(v, tuple) else ({i: None for i in images[n]}, False))
+           for n, v in runner.each(look, [runner.session(h).host for h in plan.hosts()]).items()}
     for image in dict.fromkeys(i for imgs in images.values() for i in imgs):
         having = {n: ids[image] for n, (ids, _) in got.items() if image in ids}
         missing_img = [n for n, i in having.items() if not i]
@@ -569,7 +575,7 @@ def status(plan: LaunchPlan, runner: Runner) -> list[dict]:
         return out
 
     got = runner.each(host_rows, [runner.session(h).host for h in plan.report_hosts()])
-    rows = []
+    rows: list[dict] = []
     for h in plan.report_hosts():
         res = got[h]
         rows += res if isinstance(res, list) else [{"host": h, "rank": svc.rank, "service": svc.name,

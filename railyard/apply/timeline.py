@@ -116,7 +116,8 @@ def timeline_of(log_t: str, started_at: str, milestones: tuple[str, ...]) -> tup
             m = milestone_of(line)
             if m in milestones:
                 seen[m] = (t, line.strip())
-    secs = {m: (round(max(0.0, seen[m][0] - start), 2) if m in seen else None) for m in milestones}
+    secs = {m: (round(max(0.0, seen[m][0] - start), 2) if m in seen and start is not None else None)
+            for m in milestones}
     return secs, {m: seen[m][1][:300] for m in milestones if m in seen}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from .slo import parse_slo
 
@@ -44,7 +45,7 @@ def plot_all(summary: dict, root: Path) -> list[str]:
     written = []
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    drawn = {}
+    drawn: dict[str, Any] = {}
     for label, pts, style in lines:
         xy = [(p["metrics"].get("per_user_tok_s"), p["metrics"].get("output_tok_s"), p["concurrency"]) for p in pts]
         xy = [t for t in xy if t[0] is not None and t[1] is not None]
@@ -74,10 +75,10 @@ def plot_all(summary: dict, root: Path) -> list[str]:
     drawn = {}
     for ax, (metric, title, unit, slo_names) in zip(axes, PANELS):
         for label, pts, style in lines:
-            xy = [(p["concurrency"], p["metrics"].get(metric)) for p in pts if p["metrics"].get(metric) is not None]
-            drawn.setdefault(label, {})[metric] = [{"concurrency": c, "value": v} for c, v in xy]
-            if xy:
-                ax.plot([t[0] for t in xy], [t[1] for t in xy], style, marker="o", label=label)
+            cv = [(p["concurrency"], p["metrics"].get(metric)) for p in pts if p["metrics"].get(metric) is not None]
+            drawn.setdefault(label, {})[metric] = [{"concurrency": c, "value": v} for c, v in cv]
+            if cv:
+                ax.plot([t[0] for t in cv], [t[1] for t in cv], style, marker="o", label=label)
         for s in slos:
             if s.metric in slo_names:
                 ax.axhline(s.bound, color="red", linestyle=":", label=f"SLO {s}")

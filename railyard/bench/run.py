@@ -25,6 +25,7 @@ import socket
 import tarfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from invoke.exceptions import ThreadException
 
@@ -404,7 +405,7 @@ def _point_doc(p: Point, root: Path, series_dir: Path) -> dict:
 
 def make_summary(inv, plan, deployment, stamp, root, opts: Options, series: list[Series], restored) -> dict:
     ep = plan.endpoint if plan else None
-    docs = []
+    docs: list[dict[str, Any]] = []
     for s in series:
         sdir = root / s.label if s.label else root
         vs = verdicts(s.points, opts.slos)

@@ -27,6 +27,7 @@ one host pass only on channels via P2P/... (CUMEM, IPC, direct pointer, read or 
 from __future__ import annotations
 
 import re
+from typing import Sequence
 from dataclasses import asdict, dataclass, field
 
 _MARK = re.compile(r"NCCL (INFO|WARN|ERROR) ")
@@ -176,7 +177,7 @@ GENERIC = "read the warning; NCCL_DEBUG_SUBSYS=ALL shows more"
 ADVICE = ("numa auto balancing enabled",)
 
 
-def _warn_hint(msg: str, traces: list[str] | None = None, others: list[str] = ()) -> str:
+def _warn_hint(msg: str, traces: list[str] | None = None, others: Sequence[str] = ()) -> str:
     low = msg.lower()
     ib = "net/ib" in low or "ibv_" in low or "vendor err" in low or "completion" in low
     if "got cqe with error" in low:   # its status comes on the next WARN
@@ -329,7 +330,7 @@ def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankV
         hints.append(_warn_hint(w, traces, failing))
         reasons.append(f"NCCL WARN {w} (fix: {hints[-1]})")
     if traces:  # one failure unwinds as a chain of `file:line -> code` frames: one reason for the chain
-        threads = sorted({m.group(4) for m in map(_TRACE.match, traces) if m.group(4)})
+        threads = sorted({m.group(4) for m in map(_TRACE.match, traces) if m and m.group(4)})
         chain = ", ".join(traces) if len(traces) <= 3 else f"{traces[0]}, ..., {traces[-1]}"
         where = f", through NCCL's {' and '.join(threads)}" if threads else ""
         known = [h for h in hints if h != GENERIC]
@@ -337,8 +338,8 @@ def judge(text: str, source: str, expect_hcas: list[str] | None = None) -> RankV
             f"it unwinds the WARN before it: {known[0]}" if known else \
             "read the WARN before it; NCCL_DEBUG_SUBSYS=ALL shows more"
         reasons.append(f"error return trace {chain} ({len(traces)} frame(s){where}) (fix: {fix})")
-    for u in ucx_errors:
-        reasons.append(f"UCX ERROR {u} (fix: {HINTS['ucx']})")
+    for ucx in ucx_errors:
+        reasons.append(f"UCX ERROR {ucx} (fix: {HINTS['ucx']})")
     verdict = "pass" if not reasons else "fail"
     plugin = plugins[0] if len(plugins) == 1 else ("+".join(plugins) if plugins else None)
     return RankVerdict(source, verdict, transport, gdrdma, hcas, version, warnings, reasons, plugin, roce, notes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..plan.spec import MODEL_DIR, PORT, Ref, Value
 
@@ -184,7 +184,7 @@ def _flags(cfg: VllmConfig, table) -> list[str]:
     return out
 
 
-def serve_command(cfg: VllmConfig, group_args: list[Value] = (), headless: bool = False) -> tuple[Value, ...]:
+def serve_command(cfg: VllmConfig, group_args: Sequence[Value] = (), headless: bool = False) -> tuple[Value, ...]:
     """`vllm serve MODEL ...`: name, bind and port, the group's own arguments (multi-node), then
     parallelism, tuning, the switches and the extra arguments as given."""
     args: list[Value] = ["vllm", "serve", MODEL_DIR, "--served-model-name", cfg.served_model_name,

@@ -48,11 +48,13 @@ class HostFacts:
 
 def cpu_list(cpus: list[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5", the form docker --cpuset-cpus and lscpu use."""
-    out, start, prev = [], None, None
-    for c in cpus + [None]:
+    out: list[str] = []
+    start: int | None = None
+    prev: int | None = None
+    for c in [*cpus, None]:
         if start is None:
             start = prev = c
-        elif c is not None and c == prev + 1:
+        elif c is not None and prev is not None and c == prev + 1:
             prev = c
         else:
             out.append(f"{start}-{prev}" if prev != start else str(start))

@@ -96,7 +96,7 @@ def render(plan: LaunchPlan) -> dict[str, str]:
             for s in spec.secrets:
                 secrets[_secret_name(s.env)] = {"file": s.host_file}
         if spec.gpus.count:
-            dev = {"driver": "nvidia", "capabilities": ["gpu"]}
+            dev: dict[str, object] = {"driver": "nvidia", "capabilities": ["gpu"]}
             dev.update({"device_ids": list(spec.gpus.uuids)} if spec.gpus.uuids else {"count": spec.gpus.count})
             doc["deploy"] = {"resources": {"reservations": {"devices": [dev]}}}
         if spec.labels:

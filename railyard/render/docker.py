@@ -74,8 +74,8 @@ def run_argv(plan: LaunchPlan, svc: Service, with_hash: bool = True, resolved: d
         argv += ["--cpuset-cpus", spec.cpuset]
     for m in spec.mounts:
         argv += ["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
-    for k, v in spec.env:
-        argv += ["-e", f"{k}={value(v, r)}"]
+    for k, ev in spec.env:
+        argv += ["-e", f"{k}={value(ev, r)}"]
     for s in spec.secrets:
         argv += ["-v", f"{s.host_file}:{s.target}:ro"]
     if spec.setup or spec.secrets:

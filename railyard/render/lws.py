@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
 from ..errors import UsageError
-from ..plan.spec import LaunchPlan, Secret, Service, is_loopback
+from ..plan.spec import File, LaunchPlan, Secret, Service, is_loopback
 from ..engines.vllm import ib_hca_device
 from ..transport import q
 from . import walk
@@ -123,7 +124,8 @@ class _Pods:
             argv[argv.index("--host") + 1] = walk.token("pod_ip")
         if argv_of:
             argv = argv_of(argv)
-        env, exports = [], []
+        env: list[dict[str, Any]] = []
+        exports: list[str] = []
         for k, v in spec.env:
             if pod_network and k in RAIL_ONLY_ENV:
                 continue
@@ -206,7 +208,7 @@ class _Pods:
     def _volumes(self, svc: Service) -> tuple[list[dict], list[dict]]:
         spec = svc.spec
         mounts, volumes = [], []
-        rendered = {f.host_path.rsplit("/", 1)[0]: [] for f in spec.files}
+        rendered: dict[str, list[File]] = {f.host_path.rsplit("/", 1)[0]: [] for f in spec.files}
         for f in spec.files:
             rendered[f.host_path.rsplit("/", 1)[0]].append(f)
         for i, m in enumerate(spec.mounts):
@@ -298,7 +300,7 @@ def render(plan: LaunchPlan, model: ModelVolume, rdma_resource: str = DEFAULT_RD
     objects: list[dict] = []
     done: set[str] = set()
     selectors: dict[str, dict[str, str]] = {}
-    pools = {s.role: [] for s in plan.services() if s.role in ("prefill", "decode")}
+    pools: dict[str, list[Service]] = {s.role: [] for s in plan.services() if s.role in ("prefill", "decode")}
     for s in plan.services():
         if s.role in pools and (not s.group or s.rank in (None, 0)):
             pools[s.role].append(s)
@@ -347,8 +349,8 @@ def render(plan: LaunchPlan, model: ModelVolume, rdma_resource: str = DEFAULT_RD
             head += (f"# Before applying: kubectl label nodes {' '.join(hosts)} {POOL_NODE_LABEL}="
                      f"{pool_node_label(plan, role)} (the {role} pool's nodes: its pods run there only)\n")
     secrets = sorted({secret_name(plan, s) for svc in plan.services() for s in svc.spec.secrets})
-    for s in secrets:
-        head += f"# Before applying: kubectl create secret generic {s} --from-file=value=FILE (one value, no newline)\n"
+    for secret in secrets:
+        head += f"# Before applying: kubectl create secret generic {secret} --from-file=value=FILE (one value, no newline)\n"
     return head + "".join("---\n" + yaml.dump(o, Dumper=_Dumper, sort_keys=False, width=1000) for o in objects)
 
 
@@ -390,7 +392,7 @@ def _disaggregated(plan: LaunchPlan, pods: _Pods, pools: dict[str, list[Service]
     several instances share a node as `inv launch` runs them, all on the one port the router's discovery takes.
     Every pod of a pool runs on the nodes labelled for it (pool_nodes): a decode pod never takes the GPUs a
     prefill pod was planned on."""
-    roles = []
+    roles: list[dict[str, Any]] = []
     for role, members in pools.items():
         first = members[0]
         labels = _pool_labels(plan, role)

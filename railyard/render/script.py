@@ -11,15 +11,17 @@ another revision. It needs nothing outside its folder.
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
 from ..errors import UsageError
-from ..plan.spec import MODEL_DIR, PORT, LaunchPlan, Ref
+from ..plan.spec import MODEL_DIR, PORT, LaunchPlan, Ref, Value
 from . import templates
 
-def _knobs(command) -> tuple[list[tuple[str, str, str]], list[str]]:
+def _knobs(command: Sequence[Value]) -> tuple[list[tuple[str, str, Value]], list[Value]]:
     """(flag, SERVE_VAR, default) for each `--flag value` after `vllm serve MODEL`, and the bare switches."""
     args = list(command[3:])
-    pairs, switches = [], []
+    pairs: list[tuple[str, str, Value]] = []
+    switches: list[Value] = []
     i = 0
     while i < len(args):
         a = args[i]
@@ -46,7 +48,7 @@ def render(plan: LaunchPlan, revision: str) -> str:
     for name, v in list(spec.env) + [(flag, d) for flag, _, d in pairs if d not in (PORT, MODEL_DIR)]:
         if isinstance(v, Ref):
             raise UsageError(f"launch-script: {name} is per-target ({v.name})")
-    words = {PORT: '"$PORT"', MODEL_DIR: '"$MODEL_PATH"'}
+    words: dict[Value, str] = {PORT: '"$PORT"', MODEL_DIR: '"$MODEL_PATH"'}
     return templates.render(
         "vllm", "launch_server.sh.j2", deployment=plan.deployment, layout=plan.layout, image=spec.image,
         revision=revision, env=list(spec.env), knobs=[p for p in pairs if p[2] not in (PORT, MODEL_DIR)],

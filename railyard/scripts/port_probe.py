@@ -36,10 +36,11 @@ def listen(addr, port, want, until):
         s.bind((addr, port))
         s.listen(64)
     except OSError as e:
-        what = {errno.EADDRINUSE: "in-use", errno.EADDRNOTAVAIL: "no-address"}.get(e.errno, "error")
+        named: dict[int | None, str] = {errno.EADDRINUSE: "in-use", errno.EADDRNOTAVAIL: "no-address"}
+        what = named.get(e.errno, "error")
         say("listen", addr, port, what, "-", f"{start:.3f}", f"{time.time():.3f}")
         return
-    peers = []
+    peers: list[str] = []
     s.settimeout(0.2)
     while len(set(peers)) < want and time.time() < until:
         try:
@@ -66,8 +67,9 @@ def dial(addr, port, until):
         except socket.timeout:
             what = "timeout"
         except OSError as e:
-            what = {errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "unreachable",
-                    errno.ENETUNREACH: "unreachable", errno.ETIMEDOUT: "timeout"}.get(e.errno, "error")
+            named: dict[int | None, str] = {errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "unreachable",
+                                            errno.ENETUNREACH: "unreachable", errno.ETIMEDOUT: "timeout"}
+            what = named.get(e.errno, "error")
         finally:
             s.close()
         if what in ("connected", "unreachable") or time.time() + 0.25 >= until:  # no route: no retry helps
@@ -83,11 +85,12 @@ def main(argv):
     i = 2
     while i < len(argv):
         if argv[i] == "listen":
-            args, i = (argv[i + 1], int(argv[i + 2]), int(argv[i + 3]), now + wait + more), i + 4
-            threads.append(threading.Thread(target=listen, args=args))
+            threads.append(threading.Thread(target=listen, args=(argv[i + 1], int(argv[i + 2]), int(argv[i + 3]),
+                                                                 now + wait + more)))
+            i += 4
         else:
-            args, i = (argv[i + 1], int(argv[i + 2]), now + wait), i + 3
-            threads.append(threading.Thread(target=dial, args=args))
+            threads.append(threading.Thread(target=dial, args=(argv[i + 1], int(argv[i + 2]), now + wait)))
+            i += 3
     for t in threads:
         t.start()
     for t in threads:

@@ -22,12 +22,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Literal
 
 import paramiko
 
 from ..errors import CommandFailed
 from ..inventory import Host
+
+if TYPE_CHECKING:
+    from fabric import Connection
 
 # paramiko logs a failed handshake (a dropped banner) with its traceback from its own thread; railyard
 # reports the same failure once, classified, so those records go nowhere (no last-resort stderr).
@@ -67,11 +70,14 @@ def cmd(*argv: object) -> Sh:
 # ---------------------------------------------------------------- results
 
 
+HostErrorKind = Literal["unreachable", "auth_failed", "host_key_unknown", "host_key_changed", "timeout", "ssh_error"]
+
+
 @dataclass(frozen=True)
 class HostError:
     """A classified transport failure."""
 
-    kind: str  # unreachable | auth_failed | host_key_unknown | host_key_changed | timeout | ssh_error
+    kind: HostErrorKind
     message: str
     hint: str = ""
     fingerprint: str = ""
@@ -167,6 +173,7 @@ class LocalSession(Session):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         if stdin:
             threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+        assert proc.stdout is not None and proc.stderr is not None  # both are PIPEs, above
         out, err = bytearray(), bytearray()
         streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
         deadline = started + timeout
@@ -207,7 +214,7 @@ class SSHSession(Session):
     def __init__(self, host: Host, connect_timeout: float | None = None,
                  command_timeout: float | None = None):
         super().__init__(host, connect_timeout, command_timeout)
-        self._conn = None
+        self._conn: Connection | None = None
 
     def connect(self) -> HostError | None:
         if self._conn is not None or self.error is not None:
@@ -215,7 +222,7 @@ class SSHSession(Session):
         from fabric import Connection  # imported here: fabric's import is slow and not always needed
 
         h = self.host
-        kw = {"allow_agent": True, "look_for_keys": True,
+        kw: dict[str, object] = {"allow_agent": True, "look_for_keys": True,
               "banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout}
         if h.key_file:
             kw["key_filename"] = [h.key_file]
@@ -260,6 +267,7 @@ class SSHSession(Session):
         err = self.connect()
         if err:
             return self._failed(command, started, err)
+        assert self._conn is not None  # connect() either opened it or returned the error
         try:
             chan = self._conn.client.get_transport().open_session(timeout=self.connect_timeout)
             chan.exec_command(command)

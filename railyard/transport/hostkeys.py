@@ -10,6 +10,7 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Mapping
 
 import paramiko
 from paramiko.hostkeys import HostKeys
@@ -23,7 +24,7 @@ class KeyStatus:
     host: str
     name: str  # how known_hosts names it
     key: paramiko.PKey | None
-    status: str  # known | unknown | changed | unreachable
+    status: Literal["known", "unknown", "changed", "unreachable"]
     detail: str
     known_file: Path
 
@@ -47,7 +48,7 @@ def scan(host: Host, timeout: float = 10) -> KeyStatus:
         known = _known(path)
     except (OSError, paramiko.SSHException) as e:
         return KeyStatus(host.name, name, None, "unreachable", f"cannot read {path}: {e}", path)
-    recorded = known.lookup(name) or {}
+    recorded: Mapping[str, paramiko.PKey] = known.lookup(name) or {}
     try:
         sock = socket.create_connection((host.address, host.port), timeout=timeout)
     except OSError as e:
@@ -82,17 +83,20 @@ def scan_all(hosts: list[Host]) -> list[KeyStatus]:
 
 def record(st: KeyStatus) -> None:
     """Write the key into known_hosts: append, or replace the old key of that type for that name."""
+    if st.key is None:
+        raise ValueError(f"{st.host}: no host key to record ({st.status})")
+    key = st.key
     path = st.known_file
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = path.read_text().splitlines() if path.exists() else []
     kept = []
     for line in lines:
         fields = line.split()
-        if len(fields) >= 3 and not line.lstrip().startswith("#") and fields[1] == st.key.get_name() \
+        if len(fields) >= 3 and not line.lstrip().startswith("#") and fields[1] == key.get_name() \
                 and _names_match(fields[0], st.name):
             continue
         kept.append(line)
-    kept.append(f"{st.name} {st.key.get_name()} {st.key.get_base64()}")
+    kept.append(f"{st.name} {key.get_name()} {key.get_base64()}")
     tmp = path.with_name(path.name + ".railyard.tmp")
     tmp.write_text("\n".join(kept) + "\n")
     tmp.chmod(0o644)

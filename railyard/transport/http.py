@@ -10,7 +10,7 @@ import json
 import re
 
 from ..plan.spec import Endpoint
-from . import Session, cmd, q
+from . import Session, Sh, cmd, q
 
 
 def request(s: Session, ep: Endpoint, path: str, body: dict | None = None, timeout: int = 60,
@@ -27,8 +27,8 @@ def request(s: Session, ep: Endpoint, path: str, body: dict | None = None, timeo
     args += ["-w", f"\n@@%{{http_code}} %{{time_total}} {marker}", url]
     line = cmd(*args)
     if ep.api_key_file:  # the key on fd 3 as curl config, printed by a builtin; the body stays on stdin
-        line = (f"exec 4<&0; printf 'header = \"Authorization: Bearer %s\"\\n' \"$(cat {q(ep.api_key_file)} "
-                f"2>/dev/null)\" | {line} -K /dev/fd/3 3<&0 0<&4")
+        line = Sh(f"exec 4<&0; printf 'header = \"Authorization: Bearer %s\"\\n' \"$(cat {q(ep.api_key_file)} "
+                    f"2>/dev/null)\" | {line} -K /dev/fd/3 3<&0 0<&4")
     r = s.run(line, timeout=timeout + 10, stdin=json.dumps(body).encode() if body is not None else None)
     if r.error:
         return 0, 0.0, f"{r.error.kind}: {r.error.message}", ""

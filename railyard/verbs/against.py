@@ -150,7 +150,7 @@ def _env_of(s: Session, name: str) -> tuple[dict[str, str], str] | None:
 
 def engine_services(plan: LaunchPlan) -> list[Service]:
     """The services that run an engine core: vLLM ranks that initialise an engine (not a headless TP rank)."""
-    return [s for s in plan.by_rank() if (applicable(s) or ()) and "engine_initialised" in applicable(s)]
+    return [s for s in plan.by_rank() if "engine_initialised" in (applicable(s) or ())]
 
 
 def compare(plan: LaunchPlan, runner, ckpt: C.Checkpoint, a: C.Assumptions, gpu_memory_gib: float | None,

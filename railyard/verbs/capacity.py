@@ -156,14 +156,15 @@ def _need(cfg: dict, key: str, where: str):
 
 
 def model_spec(config: dict, where: str = "config.json") -> ModelSpec:
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) and \
-        "num_hidden_layers" not in config else config
+    text_config = config.get("text_config")
+    cfg: dict = text_config if isinstance(text_config, dict) and "num_hidden_layers" not in config else config
     arch = ",".join(config.get("architectures") or []) or str(config.get("model_type", "?"))
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or config.get("dtype")
                 or "bfloat16")
     layers = _need(cfg, "num_hidden_layers", where)
     experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
-    qc = config.get("quantization_config") if isinstance(config.get("quantization_config"), dict) else {}
+    quant = config.get("quantization_config")
+    qc: dict = quant if isinstance(quant, dict) else {}
     common = dict(architecture=arch, layers=layers, mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
                   dtype=dtype, routed_experts=int(experts),
                   max_context=cfg.get("max_position_embeddings") if isinstance(cfg.get("max_position_embeddings"), int)
@@ -259,6 +260,7 @@ def kv_format(spec: ModelSpec, kv_cache_dtype: str, mtp: bool) -> KvFormat:
         raise UsageError(f"--kv-cache-dtype {kv_cache_dtype!r}: one of {', '.join(_KV_DTYPES)}")
     if kvd == "auto":
         kvd = spec.dtype
+    elem: int | None
     if kvd.startswith("fp8"):
         elem = 1
         if spec.attention == "mla" and spec.index_head_dim:
@@ -491,6 +493,7 @@ def plan_engine(ckpt: Checkpoint, e: EngineSettings, a: Assumptions) -> EnginePl
     notes = []
     if e.pp > 1:
         notes.append(f"pipeline parallel {e.pp}: each stage holds only its layers' KV, not modelled")
+    budget: float
     if e.device == "CPU":
         block = CPU_MLA_BLOCK if spec.attention == "mla" else (e.block_size or CPU_BLOCK)
         if e.cpu_kvcache_space_gib is not None:
@@ -533,6 +536,8 @@ def difference_pct(planned: int | None, engine: int | None) -> float | None:
 def read_local(path: str | Path) -> dict:
     """The same document as on a host, from a directory on this machine (the script's own function)."""
     spec = importlib.util.spec_from_file_location("_railyard_safetensors_headers", HEADER_SCRIPT)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {HEADER_SCRIPT}")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.collect(str(path))

@@ -77,7 +77,7 @@ def host_sections(host, services: list[Service]) -> list[Section]:
     for svc in services:
         name = svc.spec.name
         out.append(Section(f"{svc.name}.inspect", cmd("docker", "inspect", name), "docker", 30))
-        out.append(Section(f"{svc.name}.log", cmd("docker", "logs", "--tail", str(LOG_LINES), name) + " 2>&1",
+        out.append(Section(f"{svc.name}.log", Sh(cmd("docker", "logs", "--tail", str(LOG_LINES), name) + " 2>&1"),
                            "docker", 60))
         script = f'for f in {nccl_log_glob(svc)}; do [ -e "$f" ] || continue; printf "@@file %s\\n" "$f"; tail -n 3000 "$f"; done'
         out.append(Section(f"{svc.name}.nccl", cmd("docker", "exec", name, "sh", "-c", script), "docker", 60))
@@ -124,7 +124,7 @@ def collect(inv: Inventory, plan: LaunchPlan | None, out: Path, preflight_doc: s
     services = plan.services() if plan else []
     with Runner(inv.hosts) as runner:
         got = runner.each(lambda s: _collect_host(s, [x for x in services if x.host == s.host.name]))
-    per_host = {h: (v if isinstance(v, dict) else {"_error": f"{v.error.kind}: {v.error.message}"})
+    per_host = {h: (v if isinstance(v, dict) else {"_error": str(v.error)})
                 for h, v in got.items()}
     try:
         ver = version("railyard")

@@ -19,6 +19,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 from dataclasses import replace
 
@@ -105,8 +106,9 @@ def parse_probe(text: str, with_rank: bool = False) -> tuple[list[dict], list[st
     return results, errors
 
 
-def summarize(per_rank: dict[str, list[dict]]) -> list[SizeResult]:
-    """Per size, the slowest rank's time (an all-reduce is as fast as its slowest member)."""
+def summarize(per_rank: Mapping[Any, list[dict]]) -> list[SizeResult]:
+    """Per size, the slowest rank's time (an all-reduce is as fast as its slowest member); per_rank's keys
+    (ranks, or host:rank names) are not read."""
     sizes: dict[int, list[dict]] = {}
     for rows in per_rank.values():
         for r in rows:
@@ -285,6 +287,8 @@ def _check_one_host(plan: LaunchPlan, facts: dict, runner: Runner, sizes: str, t
 def parse_sizes(text: str) -> str:
     from importlib import util
     spec = util.spec_from_file_location("nccl_probe", PROBE)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {PROBE}")
     mod = util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     try:

@@ -230,7 +230,7 @@ def rsync_args(mode: str, bwlimit_mbps: float, io_timeout_s: int = 0) -> list[st
     return argv
 
 
-def rsync_command(src_path: str, target: Host, dest_path: str, mode: str, cipher: str, bwlimit_mbps: int,
+def rsync_command(src_path: str, target: Host, dest_path: str, mode: str, cipher: str, bwlimit_mbps: float,
                   io_timeout_s: int = 0) -> Sh:
     """One rsync stream, run on the source; the file list arrives on stdin (NUL-separated). With
     io_timeout_s, a stream on which no data moves that long ends (rsync's --timeout, exit 30) and its
@@ -355,6 +355,8 @@ class Progress:
 
 def _copy_target(source: Session, target: Host, plan: CopyPlan, src: Manifest, v: dict, opts: "SyncOptions",
                  progress: Progress | None, repair: bool, daemon=None, started: float | None = None) -> TargetResult:
+    assert opts.streams is not None and opts.bwlimit_mbps is not None  # sync_model resolved them from the inventory
+    bwlimit_mbps = opts.bwlimit_mbps
     res = TargetResult(target.name, plan)
     started = time.monotonic() if started is None else started
     sizes = {p: f.size for p, f in src.files.items()}
@@ -373,10 +375,10 @@ def _copy_target(source: Session, target: Host, plan: CopyPlan, src: Manifest, v
             stdin = b"\0".join(p.encode() for p in chunk) + b"\0"
             if daemon is None:
                 command = rsync_command(v["model_path"], target, v["model_path"], mode, v["sync_ssh_cipher"],
-                                        opts.bwlimit_mbps, v["sync_io_timeout_s"])
+                                        bwlimit_mbps, v["sync_io_timeout_s"])
             else:  # the secret is stdin's first line, read by the stream's shell
                 command = rsyncd.client_command(v["model_path"], source.host.serve_rail.ip, target.serve_rail.ip,
-                                                daemon.port, rsync_args(mode, opts.bwlimit_mbps, v["sync_io_timeout_s"]),
+                                                daemon.port, rsync_args(mode, bwlimit_mbps, v["sync_io_timeout_s"]),
                                                 v["sync_io_timeout_s"])
                 stdin = daemon.secret.encode() + b"\n" + stdin
             buf = {"text": ""}
@@ -688,20 +690,21 @@ def print_report(rep: SyncReport, console) -> None:
         if rep.hint:
             console.print(Text(f"fix: {rep.hint}", style="cyan"))
         for host, cmds in rep.commands.items():
-            for c in cmds:
-                console.print(f"{host}$ {c}", soft_wrap=True)
+            for line in cmds:
+                console.print(f"{host}$ {line}", soft_wrap=True)
         return
     if rep.dry_run:
         for note in rep.notes:
             console.print(note)
-        for name, c in rep.copies.items():
-            p = c.plan
+        for name, planned in rep.copies.items():
+            p = planned.plan
+            assert p is not None  # a dry run's copies are its plans
             console.print(f"{name}: would send {len(p.send)} file(s), resume {len(p.resume)}, "
                           f"{p.equal} already equal, {_gb(p.bytes)} to transfer"
                           + (f"; {len(p.extra)} extra file(s) on {name}" if p.extra else ""))
         for host, cmds in rep.commands.items():
-            for c in cmds:
-                console.print(f"{host}$ {c}", soft_wrap=True, highlight=False)
+            for line in cmds:
+                console.print(f"{host}$ {line}", soft_wrap=True, highlight=False)
         console.print("dry run: nothing was changed", style="bold")
         return
     over = "" if rep.transport == "ssh" else f", over {rep.transport}: unencrypted on the rail"
@@ -712,7 +715,7 @@ def print_report(rep: SyncReport, console) -> None:
     for name in [rep.source] + rep.targets:
         m = rep.manifests.get(name)
         c = rep.copies.get(name)
-        copy = "source"
+        copy: str | Text = "source"
         if c is not None and c.plan is not None:
             copy = "nothing to send" if c.plan.empty and not rep.repaired.get(name) else \
                 f"{_gb(c.bytes_sent)} sent in {c.seconds:.1f} s" + (f" ({_gb(c.bytes_sent / c.seconds)}/s)" if c.seconds > 0.5 else "")

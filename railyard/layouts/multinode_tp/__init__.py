@@ -14,7 +14,7 @@ from ...inventory import Host, Inventory, origin_of
 from ...facts.host import HostFacts, on_host
 from ...plan.layout import Layout
 from ...plan.spec import (GID_INDEX, GROUP_SIZE, HEAD_ADDR, NODE_ADDR, NODE_RANK, ContainerSpec, Dial, Endpoint, Gate,
-                          GpuRequest, LaunchPlan, Mount, RdmaRequest, Secret, Service, Stage)
+                          GpuRequest, LaunchPlan, Mount, RdmaRequest, Secret, Service, Stage, Value)
 from ...engines.vllm import API_KEY_TARGET, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, serve_command
 
 GROUP = "tp"
@@ -71,7 +71,7 @@ class MultinodeTP(Layout, name="multinode_tp"):
         peers = [p.serve_rail.ip for p in inv.hosts if p.name != h.name]
         values = {"rail_hca": rail.hca, "gid_index": GID_INDEX, "rail_iface": rail.name, "node_ip": NODE_ADDR}
         env = nccl_env(values) + list(cfg.extra_env)
-        group_args = ["--nnodes", GROUP_SIZE, "--node-rank", NODE_RANK, "--master-addr", HEAD_ADDR,
+        group_args: list[Value] = ["--nnodes", GROUP_SIZE, "--node-rank", NODE_RANK, "--master-addr", HEAD_ADDR,
                       "--master-port", str(cfg.master_port)]
         model_host = on_host(h.vars["model_path"], f.home)
         secrets = (Secret("VLLM_API_KEY", on_host(cfg.api_key_file, f.home), API_KEY_TARGET),) if h.is_head else ()

@@ -303,6 +303,7 @@ class Pd(Layout, name="pd"):
             if h.name in taken:
                 continue
             pool = pool_of(h)
+            assert pool is not None  # validate(): both pools have hosts, so hosts() is the pools' hosts
             v = pool_vars(h).values
             span = int(v["pd_hosts_per_instance"])
             if span > 1:  # h and the next span-1 hosts of its pool: one instance
@@ -332,6 +333,7 @@ class Pd(Layout, name="pd"):
             name = f"{pool}-{number}" + (f"-node{node}" if node else "")
             ip = h.serve_rail.ip
             if node:
+                assert first is not None  # a node past the first is in an instance over several hosts
                 out.append(Dial(h.name, first.name, first.serve_rail.ip, int(v["pd_dp_rpc_port"]),
                                 f"{pool}-{number}'s DP RPC port"))
             elif proxy is not None:
@@ -352,9 +354,9 @@ class Pd(Layout, name="pd"):
             svc = self._instance(inv, h, facts[h.name], pool, k, number, dep, node, first)
             (headless if node else instances).append(svc)
         proxy = self._proxy(inv, facts, instances, dep)
-        first = (Stage(tuple(headless)),) if headless else ()
+        headless_stage = (Stage(tuple(headless)),) if headless else ()
         return LaunchPlan(deployment=dep, layout=self.name,
-                          stages=first + (Stage(tuple(instances), wait="ready"), Stage((proxy,), wait="ready")),
+                          stages=headless_stage + (Stage(tuple(instances), wait="ready"), Stage((proxy,), wait="ready")),
                           endpoint=Endpoint(proxy.name, proxy.host, proxy.spec.bind, proxy.spec.ports[0], "",
                                             head.vars["model_repo"]),
                           notes=all2all_notes(pool_vars(h).values["vllm_all2all_backend"] or "" for h in self.hosts(inv))
@@ -409,7 +411,7 @@ class Pd(Layout, name="pd"):
             ready.append(Gate("kv_engines", pattern=KV_LINE, count=local))
         if node:  # a headless rank serves no API; its head is ready only once every rank has joined it
             ready = []
-        env_file = (("LAYOUT", self.name), ("SERVICE", name), ("POOL", pool), ("HOST", h.name), ("DEPLOYMENT", dep),
+        env_file: tuple[tuple[str, object], ...] = (("LAYOUT", self.name), ("SERVICE", name), ("POOL", pool), ("HOST", h.name), ("DEPLOYMENT", dep),
                     ("GPU_UUIDS", ",".join(g.uuid for g in mine)), ("CPUSET", cpuset),
                     ("TP", cfg.tensor_parallel_size), ("DP", cfg.data_parallel_size),
                     ("EP", int(cfg.enable_expert_parallel)), ("KV_ROLE", ROLE[pool]), ("IMG", cfg.image),
@@ -418,6 +420,7 @@ class Pd(Layout, name="pd"):
                     ("UCX_NET_DEVICES", devices), ("UCX_TLS", v["pd_ucx_tls"]))
         expect: tuple = (("kv_engines", str(local)),)
         if span > 1:
+            assert head is not None  # placements() gives each node of an instance over several hosts its first host
             env_file += (("NODE", node), ("DP_LOCAL", local), ("DP_START_RANK", node * local),
                          ("DP_ADDRESS", f"{head.serve_rail.ip}:{v['pd_dp_rpc_port']}"))
             expect += (("dp_start", str(node * local)),)
@@ -428,6 +431,7 @@ class Pd(Layout, name="pd"):
 
     def _proxy(self, inv: Inventory, facts: dict[str, HostFacts], instances: list[Service], dep: str) -> Service:
         h = self.proxy_host(inv)
+        assert h is not None  # validate() names a pd_proxy_host that is not in the inventory
         v = h.vars
         urls = {p: [f"http://{s.spec.bind}:{s.spec.ports[0]}" for s in instances if s.role == p] for p in POOLS}
         command = ["vllm-router", "--vllm-pd-disaggregation", "--kv-connector", "nixl"]
