@@ -70,7 +70,9 @@ def answer(outputs: dict[str, str | tuple[int, str]]):
     """A FakeSession answer to a joined script: each section's output (or (rc, output)) tagged as a
     host would print it; a section not in outputs reports its tool missing."""
     def reply(script: str) -> tuple[int, str]:
-        token = re.search(r"^T='?([^'\n]+)'?$", script, re.M).group(1)
+        m = re.search(r"^T='?([^'\n]+)'?$", script, re.M)
+        assert m is not None, "not a joined probe script (no T= token line)"
+        token = m.group(1)
         out = []
         for key in re.findall(r"^ry (\S+) \d+ ", script, re.M):
             got = outputs.get(key, (127, MISSING_MARK + key + "\n"))
@@ -136,6 +138,10 @@ class Behaviour:
     gpu: list[tuple[str, str, int]] = field(default_factory=list)
 
 
+# FakeDockerHost.http's reply: (HTTP code, body), or a function of the curl command returning that; code 0: no answer
+HttpReply = tuple[int, str] | Callable[[str], tuple[int, str]]
+
+
 class FakeDockerHost:
     """A host with docker and GPUs, as a FakeSession: `docker run` makes a container that runs (or
     exits, as told by behave()), inspect/ps/logs show it, stop/start/kill/rm change it, nvidia-smi shows
@@ -160,7 +166,7 @@ class FakeDockerHost:
         self.files: dict[str, str] = {}            # path (~/ for the home) -> content: what write_remote wrote
         self.missing_files: set[str] = set()       # `test -f` fails for these (every other file is there);
         #                                            `test -s` holds only for a file in `files` (a secret written)
-        self.routes: dict[tuple[int, str], object] = {}
+        self.routes: dict[tuple[int, str], HttpReply] = {}
         self.extra: dict[str, object] = {}         # more joined-probe sections: key -> output or (rc, output)
         self.unexpected: list[str] = []
         self.events = _Events(self.name, journal)  # "run NAME", "stop NAME", ... in the order they happened
@@ -185,7 +191,7 @@ class FakeDockerHost:
             self._start(c, fresh=False)
         return c
 
-    def http(self, port: int, path: str, reply) -> "FakeDockerHost":
+    def http(self, port: int, path: str, reply: HttpReply) -> "FakeDockerHost":
         """reply: (code, body), or a function of the command returning that; code 0 is no answer."""
         self.routes[(port, path)] = reply
         return self

@@ -80,7 +80,9 @@ def check_gpu_health(host: Host, health_out: Output, dmesg_out: Output | None) -
         gpus = parse_gpu_health(health_out.text)
     except ParseError as e:
         return CheckResult(host.name, "gpu_health", FAIL, f"cannot read nvidia-smi: {e}", first_lines(health_out.text, 2))
-    fails, warns, ev = [], [], []
+    fails: list[str] = []
+    warns: list[str] = []
+    ev: list[str] = []
     for g in gpus:
         tag = f"GPU {g.index} {g.uuid}"
         if g.ecc_uncorrected_volatile:
@@ -98,8 +100,8 @@ def check_gpu_health(host: Host, health_out: Output, dmesg_out: Output | None) -
     if dmesg_out is not None and dmesg_out.rc == 0 and not dmesg_out.missing_tool:
         kernel_read = True
         for x in parse_xids(dmesg_out.text):
-            g = next((g for g in gpus if pci_matches(x.pci, g.bus_id)), None)
-            tag = f"GPU {g.index} ({x.pci})" if g else f"PCI {x.pci}"
+            hit = next((g for g in gpus if pci_matches(x.pci, g.bus_id)), None)
+            tag = f"GPU {hit.index} ({x.pci})" if hit else f"PCI {x.pci}"
             what = XID_FIX.get(x.code, x.text[:80])
             (warns if x.code in APP_XIDS else fails).append(f"{tag}: Xid {x.code} since boot ({what})")
             ev.append(x.line[:200])

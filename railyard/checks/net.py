@@ -86,6 +86,7 @@ def check_mtu(hosts: list[Host], outs: dict[str, Output]) -> dict[str, CheckResu
         if bad:
             res[h.name] = bad
             continue
+        assert out is not None  # unusable() fails a missing output
         link = parse_ip_link(out.text).get(h.serve_rail.name)
         if link is None:
             res[h.name] = CheckResult(h.name, "mtu", FAIL, f"no interface {h.serve_rail.name}", first_lines(out.text))
@@ -125,10 +126,11 @@ def jumbo_frames_lost(out: Output | None, ip: str) -> bool:
     return ping.transmitted > 0 and ping.received == 0
 
 
-def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
+def check_jumbo_ping(host: Host, out: Output | None, peers: list[Host]) -> CheckResult:
     bad = unusable(host, "jumbo_ping", out, "ping")
     if bad:
         return bad
+    assert out is not None  # unusable() fails a missing output
     if not peers:
         return CheckResult(host.name, "jumbo_ping", SKIP, "no peers")
     size = host.vars["preflight_mtu"] - 28
@@ -178,10 +180,11 @@ def check_jumbo_ping(host: Host, out: Output, peers: list[Host]) -> CheckResult:
 
 # ---------------------------------------------------------------- route / gid
 
-def check_route(host: Host, out: Output, peers: list[Host]) -> CheckResult:
+def check_route(host: Host, out: Output | None, peers: list[Host]) -> CheckResult:
     bad = unusable(host, "route", out, "ip route get")
     if bad:
         return bad
+    assert out is not None  # unusable() fails a missing output
     rail = host.serve_rail.name
     routes = {r.dest: r for r in parse_route_get(out.text)}
     wrong, good = [], []
@@ -227,10 +230,11 @@ def check_gid(host: Host, out: Output) -> CheckResult:
 
 # ---------------------------------------------------------------- ssh from the head
 
-def check_ssh_peer(head: Host, out: Output, workers: list[Host]) -> CheckResult:
+def check_ssh_peer(head: Host, out: Output | None, workers: list[Host]) -> CheckResult:
     bad = unusable(head, "ssh_peer", out, "ssh")
     if bad:
         return bad
+    assert out is not None  # unusable() fails a missing output
     if not workers:
         return CheckResult(head.name, "ssh_peer", SKIP, "no workers")
     blocks = split_blocks(out.text)
@@ -295,6 +299,7 @@ def check_ports(h: Host, dials: list, out: Output | None, listeners: dict[str, O
     bad = unusable(h, "ports", out, "python3")
     if bad:  # the probe could not run: nothing was shown about the ports
         return CheckResult(h.name, "ports", WARN, bad.detail + ": the ports were not tried", bad.evidence, bad.hint)
+    assert out is not None  # unusable() fails a missing output
     _, mine = parse_port_probe(out.text)
     ok, failed, unseen, hints, evidence = [], [], [], [], []
     for d in dials:

@@ -94,7 +94,7 @@ def check_disk(host: Host, df: Output, du: Output) -> CheckResult:
 
 def _kernel_at_least(release: str | None, major: int, minor: int) -> bool:
     m = re.match(r"(\d+)\.(\d+)", release or "")
-    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (major, minor)
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= (major, minor)
 
 
 ACS_FIX = ("disable ACS redirect on {ports}: in the BIOS (PCIe ACS Control off) or at boot, as root, "
@@ -116,11 +116,12 @@ def _acs(host: Host, lspci: str, gpu_buses: list[str] | None, nic_bus: str | Non
             "run preflight as root (ansible_user: root) to read ACS, or check by hand: "
             "sudo lspci -vvv | grep -E 'Downstream Port|ACSCtl'"], []
     try:
-        gpus = [devs.get(pci_bdf(b)) for b in gpu_buses or []]
+        found = [devs.get(pci_bdf(b)) for b in gpu_buses or []]
         nic = devs.get(pci_bdf(nic_bus)) if nic_bus else None
     except ValueError:
-        gpus, nic = [], None
-    if with_paths and nic is not None and gpus and all(gpus):
+        found, nic = [], None
+    gpus = [g for g in found if g is not None]
+    if with_paths and nic is not None and gpus and len(gpus) == len(found):
         on_path: set[str] = set()
         for g in gpus:
             on_path |= set(g.path[:-1]) ^ set(nic.path[:-1])

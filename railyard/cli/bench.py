@@ -62,7 +62,7 @@ def tables(summary: dict) -> list[Table]:
         t.add_column("errors", justify="right")
         if summary["slos"]:
             t.add_column("SLOs")
-        by_c = {}
+        by_c: dict[int, list[dict]] = {}
         for v in s["verdicts"]:
             by_c.setdefault(v["concurrency"], []).append(v)
         for p in s["points"]:
@@ -79,7 +79,7 @@ def tables(summary: dict) -> list[Table]:
 
 
 def verdict_lines(summary: dict) -> list[Text]:
-    lines = []
+    lines: list[Text] = []
     if not summary["slos"]:
         return lines
     for s in summary["series"]:

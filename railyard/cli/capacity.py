@@ -29,7 +29,7 @@ def plan_table(plan: Plan) -> Table:
         t.add_column(col, justify="right", no_wrap=True)
     t.add_column("notes", overflow="fold")
     for lp in plan.layouts:
-        style = None if lp.fits else "red"
+        style = "" if lp.fits else "red"
         t.add_row(Text(f"{lp.layout}\n{LABELS[lp.layout].format(n=lp.tp * lp.dp)}", style=style),
                   f"{lp.weights_gib_per_gpu:.1f} GiB", f"{lp.kv_gib_per_gpu:.1f} GiB",
                   f"{lp.kv_bytes_per_token_per_gpu:,}", f"{lp.kv_tokens_per_gpu:,}",

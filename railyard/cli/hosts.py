@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from rich.table import Table
 from rich.text import Text
 
@@ -21,7 +23,8 @@ def trust_hosts(inventory=None, hosts=None, accept=False, replace=False, set_=No
         t.add_column(col, no_wrap=col != "status")
     code = 0
     for st in statuses:
-        action = st.status
+        # the key's status, or what --accept / --replace did about it
+        action: Literal["known", "unknown", "changed", "unreachable", "recorded", "replaced"] = st.status
         if st.status == "unknown" and accept:
             record(st)
             action = "recorded"

@@ -32,7 +32,9 @@ def env(inventory=None, check=False, set_=None):
         con.print(f"--check: {len(changed)} file(s) would change ({', '.join(changed) or 'none'}); nothing written "
                   "to the hosts", style="bold")
         return 1 if changed else 0
-    con.print(f"rendered {len(files)} env file(s) into {files[0].local.parent}/; written on: "
+    where = files[0].local
+    assert where is not None  # plan_env gives each file its local path, and write_local wrote it there
+    con.print(f"rendered {len(files)} env file(s) into {where.parent}/; written on: "
               f"{', '.join(written) or 'none (all current)'}")
     return 0
 
@@ -94,6 +96,7 @@ def launch(inventory=None, rank_order=None, dry_run=False, recreate=False, timeo
         con.print(f"note: {note}", style="yellow", markup=False)
     if dry_run:
         from ..apply.executor import describe
+        assert rep.plan is not None  # a dry run's report always carries its plan
         for svc in rep.plan.services():
             con.print(f"# {describe(svc)}", style="bold")
             con.print(rep.commands[svc.name], highlight=False, markup=False, soft_wrap=True)

@@ -142,6 +142,7 @@ def health(inventory=None, json=False, watch=None, cache_proof=False, proof_word
                     was, got = seen.get(k), now.get(k)
                     if was is None or got is None or was.status != got.status:
                         c = got or was
+                        assert c is not None  # k is in now or in seen
                         console().print(f"{stamp} {c.host} {c.check}: {was.status if was else '-'} -> "
                                         f"{got.status if got else 'gone'}: {c.detail}", soft_wrap=True, markup=False)
         seen = now

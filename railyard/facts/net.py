@@ -57,7 +57,7 @@ def ip_link_section() -> Section:
 
 def route_section(peer_ips: list[str]) -> Section:
     """One `ip route get` per peer rail address, in one `ip -batch`."""
-    return Section("route", cmd("printf", "route get %s\\n", *peer_ips) + " | ip -o -force -batch -", "ip")
+    return Section("route", Sh(cmd("printf", "route get %s\\n", *peer_ips) + " | ip -o -force -batch -"), "ip")
 
 
 @dataclass(frozen=True)
@@ -362,11 +362,12 @@ KEX_FIRST = "KexAlgorithms=^curve25519-sha256"
 def ssh_peer_section(targets: list[Host], hang_s: int = SSH_PEER_HANG_S) -> Section:
     """From one host, a non-interactive ssh to each target's rail address, host keys checked."""
     detect = Sh(f"k=; ssh -G -o {q(KEX_FIRST)} railyard-probe >/dev/null 2>&1 && k={q(KEX_FIRST)}\n")
-    return Section("ssh_peer", detect + fan_out([
-        (t.serve_rail.ip, cmd("timeout", hang_s, "ssh", "-n") + ' ${k:+-o "$k"} '
-         + cmd("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"ConnectTimeout={hang_s - 3}",
-               *(["-l", t.user] if t.user else []), t.serve_rail.ip, "hostname"))
-        for t in targets]), "ssh", hang_s + 7)
+    return Section("ssh_peer", Sh(detect + fan_out([
+        (t.serve_rail.ip, Sh(cmd("timeout", hang_s, "ssh", "-n") + ' ${k:+-o "$k"} '
+                             + cmd("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                                   "-o", f"ConnectTimeout={hang_s - 3}",
+                                   *(["-l", t.user] if t.user else []), t.serve_rail.ip, "hostname")))
+        for t in targets])), "ssh", hang_s + 7)
 
 
 # ---------------------------------------------------------------- TCP ports between the hosts

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from . import ParseError
 from .net import counters_script
@@ -101,13 +102,13 @@ def parse_chrony_tracking(text: str) -> ChronyTracking:
 def df_section(model_path: str) -> Section:
     """`df` of the model's directory, or of its nearest existing parent."""
     model = q(RemotePath(model_path))
-    return Section("df", f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -P -B1 \"$p\"", "df")
+    return Section("df", Sh(f"p={model}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -P -B1 \"$p\""), "df")
 
 
 def du_section(model_path: str) -> Section:
     """The bytes of the model already there (nothing when the directory is missing)."""
     model = q(RemotePath(model_path))
-    return Section("du", f"if [ -d {model} ]; then du -sb --exclude=.cache {model}; fi", "du", 60)
+    return Section("du", Sh(f"if [ -d {model} ]; then du -sb --exclude=.cache {model}; fi"), "du", 60)
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,10 @@ class IbDevInfo:
 
 def parse_ibv_devinfo(text: str) -> IbDevInfo:
     """`ibv_devinfo -d HCA` (tab-indented `key:\\tvalue`, ports as `port:\\tN` blocks)."""
-    hca, fw, ports, cur = None, None, {}, None
+    hca: str | None = None
+    fw: str | None = None
+    ports: dict[int, dict[str, Any]] = {}
+    cur: dict[str, Any] | None = None
     for raw in text.splitlines():
         k, sep, v = raw.strip().partition(":")
         if not sep:
@@ -275,7 +279,7 @@ class PciDev:
 
     @property
     def redirects(self) -> bool:
-        return bool(self.acsctl) and bool(self.acsctl.get("ReqRedir") or self.acsctl.get("CmpltRedir"))
+        return self.acsctl is not None and bool(self.acsctl.get("ReqRedir") or self.acsctl.get("CmpltRedir"))
 
 
 def pci_bdf(text: str, domain: str = "0000") -> str:

@@ -207,7 +207,8 @@ def _asked_again(session: Session, sections: list[Section], outputs: dict[str, O
 def evaluate(inv: Inventory, probes: dict[str, HostProbe], dials: list[Dial] | None = None) -> list[CheckResult]:
     """Turn every host's probe outputs into check results (cross-host checks included)."""
     per: dict[str, dict[str, CheckResult]] = {h.name: {} for h in inv.hosts}
-    reachable = [h for h in inv.hosts if probes[h.name].outputs is not None]
+    outs = {h.name: o for h in inv.hosts if (o := probes[h.name].outputs) is not None}
+    reachable = [h for h in inv.hosts if h.name in outs]
     for h in inv.hosts:
         p = probes[h.name]
         per[h.name]["ssh"] = p.ssh
@@ -219,7 +220,7 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe], dials: list[Dial] | N
                 per[h.name][name] = CheckResult(h.name, name, SKIP, "host not reachable (see the ssh check)")
     image_ids: dict[str, str] = {}
     for h in reachable:
-        o = probes[h.name].outputs
+        o = outs[h.name]
         peers = [p for p in inv.hosts if p.name != h.name]
         r = per[h.name]
         r["docker"] = check_docker(h, o["docker_version"])
@@ -248,16 +249,16 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe], dials: list[Dial] | N
     for name, res in cross_image({h.name: per[h.name]["image"] for h in reachable}, image_ids,
                                    inv.head.vars["vllm_image"]).items():
         per[name]["image"] = res
-    for name, res in check_mtu(reachable, {h.name: probes[h.name].outputs["ip_link"] for h in reachable}).items():
+    for name, res in check_mtu(reachable, {h.name: outs[h.name]["ip_link"] for h in reachable}).items():
         per[name]["mtu"] = res
-    seen = {h.name: _versions(probes[h.name].outputs, h.vars["vllm_image"].partition("@")[2]) for h in reachable}
+    seen = {h.name: _versions(outs[h.name], h.vars["vllm_image"].partition("@")[2]) for h in reachable}
     for name, res in check_parity(reachable, seen).items():
         per[name]["parity"] = res
-    one_cause(reachable, per, {h.name: probes[h.name].outputs.get("ping") for h in reachable})
+    one_cause(reachable, per, {h.name: outs[h.name].get("ping") for h in reachable})
     for name, res in check_clock_skew(reachable, {h.name: probes[h.name].clock for h in reachable}).items():
         per[name]["clock_skew"] = res
-    listeners = {h.name: probes[h.name].outputs.get("ports") for h in reachable}
-    offsets = {h.name: probes[h.name].clock.offset_s for h in reachable if probes[h.name].clock}
+    listeners = {h.name: outs[h.name].get("ports") for h in reachable}
+    offsets = {h.name: clock.offset_s for h in reachable if (clock := probes[h.name].clock)}
     for h in reachable:
         mine = [d for d in dials or [] if d.src == h.name]
         if mine:  # a row on each host that dials (the hosts it dials show their listener there)
@@ -349,9 +350,12 @@ def _versions(o: dict[str, Output], pinned: str | None = None) -> dict[str, str 
 def run_preflight(inv: Inventory, on_host=None) -> list[CheckResult]:
     """on_host(name, HostProbe or Result), if given, hears of each host as its probe lands (a progress display)."""
     with Runner(inv.hosts) as runner:
-        probes = runner.each(lambda s: probe_host(s, inv), on_done=on_host)
-        for name, p in list(probes.items()):
-            if not isinstance(p, HostProbe):  # a bug inside one host's probe: report it, keep the rest
+        probes: dict[str, HostProbe] = {}
+        for name, p in runner.each(lambda s: probe_host(s, inv), on_done=on_host).items():
+            if isinstance(p, HostProbe):
+                probes[name] = p
+            else:  # a bug inside one host's probe: report it, keep the rest
+                assert p.error is not None  # the runner's Result for a probe that raised carries the error
                 h = inv.host(name)
                 probes[name] = HostProbe(h, None, None, CheckResult(name, "ssh", FAIL, str(p.error), "",
                                                                       p.error.hint))
@@ -368,8 +372,8 @@ def run_preflight(inv: Inventory, on_host=None) -> list[CheckResult]:
 def port_round(runner: Runner, probes: dict[str, HostProbe], dials: list[Dial]) -> None:
     """The ports check's own round, on the hosts that answered: every host concerned at once, each one's
     listeners and dials in one command; its output goes beside the host's other probes as `ports`."""
-    sections = {h.name: ports_section(h, dials) for h in runner.hosts if h.name in probes}
-    todo = [h for h in runner.hosts if sections.get(h.name)]
+    sections = {h.name: sec for h in runner.hosts if h.name in probes and (sec := ports_section(h, dials))}
+    todo = [h for h in runner.hosts if h.name in sections]
 
     def one(s: Session) -> Output:
         sec = sections[s.host.name]
@@ -377,4 +381,6 @@ def port_round(runner: Runner, probes: dict[str, HostProbe], dials: list[Dial]) 
         r = s.run(joined_script([sec], token), timeout=sec.timeout + 10)
         return split_output(r.stdout, [sec], token)["ports"] if not r.error else Output(None, "")
     for name, out in runner.each(one, todo).items():
-        probes[name].outputs["ports"] = out if isinstance(out, Output) else Output(None, "")
+        outputs = probes[name].outputs
+        assert outputs is not None  # the dials join only hosts whose probe answered (run_preflight's railed)
+        outputs["ports"] = out if isinstance(out, Output) else Output(None, "")
