@@ -88,15 +88,6 @@ def test_dp_ep_reports_the_kv_cache_of_every_dp_rank_and_every_engine_in_metrics
     assert on("A", "nvidia-smi --query-compute-apps=pid --format=csv,noheader").stdout == ""
 
 
-def test_a_busy_gpu_fails_the_launch_with_vllms_message_and_names_the_engine(clean):
-    faults.fault("A", "gpu-busy", "100000")
-    assert inv(clean, "env").returncode == 0
-    r = inv(clean, "launch", "--timeout", "30", "--rollback")
-    assert r.returncode == 1
-    assert "FAILED: A (engine)" in r.stdout and "Free memory on device" in r.stdout
-    assert "No such" in on("A", f"docker inspect {TP8}").stderr  # rolled back
-
-
 def test_fewer_gpus_than_the_layout_needs_are_named_with_the_count(clean):
     r = inv(clean, "launch", "--set", "cluster_gpu_name=NoSuchGPU", "--dry-run")
     assert r.returncode == 1 and "no GPU matches 'NoSuchGPU'" in r.stderr
