@@ -1,4 +1,4 @@
-"""The package works installed, without the checkout: roles, templates and host scripts ship in it."""
+"""The package works installed, without the checkout: roles, templates and host scripts ship in it, the lab does not."""
 
 import subprocess
 import sys
@@ -31,6 +31,10 @@ def test_an_installed_wheel_has_its_roles_templates_and_scripts(tmp_path):
                  "railyard/roles/vllm/templates/launch_server.sh.j2", "railyard/scripts/nccl_probe.py",
                  "railyard/scripts/manifest.py", "railyard/scripts/port_probe.py", "railyard/py.typed"):
         assert want in names
+    # the lab is test tooling, its own distribution (lab/): none of it, stand-ins included, ships in railyard's wheel
+    lab = [n for n in names if n.startswith("railyard_lab/") or "/lab/" in n
+           or n.rsplit("/", 1)[-1] in ("memlock.c", "tokenizer.json", "tools.py")]
+    assert not lab, lab
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     r = subprocess.run([sys.executable, "-c", CHECK, str(ROOT), str(ROOT / "inventory" / "hgx8-h200.yml"),

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+from rich.text import Text
+
 from ..report import console, sync_report
 from . import load, rtask
+
+if TYPE_CHECKING:
+    from ..verbs.sync import SyncReport
 
 
 @rtask(help={"source": "copy from this host (default: the head)",
@@ -20,7 +28,7 @@ from . import load, rtask
 def sync_model(inventory=None, source=None, to=None, verify=None, streams=None, dry_run=False, repair=False,
                json=False, rehash=False, bwlimit=None, set_=None, transport=None):
     """Copy the checkpoint from the head to every other rank with rsync and prove the copies equal."""
-    from ..verbs.sync import SyncOptions, print_report
+    from ..verbs.sync import SyncOptions
     from ..verbs.sync import sync_model as run
     inv = load(inventory, set_)
     con = console(stderr=json)
@@ -31,3 +39,69 @@ def sync_model(inventory=None, source=None, to=None, verify=None, streams=None, 
         return report.print_json()
     print_report(rep, console())
     return report.exit_code
+
+
+def print_report(rep: SyncReport, console) -> None:
+    """The copy's table (or the dry run's plan, or the failure with its commands) and the verdict line."""
+    if rep.failure:
+        console.print(Text(f"FAILED: {rep.failure}", style="bold red"))
+        if rep.hint:
+            console.print(Text(f"fix: {rep.hint}", style="cyan"))
+        for host, cmds in rep.commands.items():
+            for line in cmds:
+                console.print(f"{host}$ {line}", soft_wrap=True)
+        return
+    if rep.dry_run:
+        for note in rep.notes:
+            console.print(note)
+        for name, planned in rep.copies.items():
+            p = planned.plan
+            assert p is not None  # a dry run's copies are its plans
+            console.print(f"{name}: would send {len(p.send)} file(s), resume {len(p.resume)}, "
+                          f"{p.equal} already equal, {_gb(p.bytes)} to transfer"
+                          + (f"; {len(p.extra)} extra file(s) on {name}" if p.extra else ""))
+        for host, cmds in rep.commands.items():
+            for line in cmds:
+                console.print(f"{host}$ {line}", soft_wrap=True, highlight=False)
+        console.print("dry run: nothing was changed", style="bold")
+        return
+    over = "" if rep.transport == "ssh" else f", over {rep.transport}: unencrypted on the rail"
+    t = Table(title=f"sync-model: {rep.source} -> {', '.join(rep.targets)} (verify: {rep.verify}{over})",
+              title_justify="left")
+    for col in ("host", "files", "size", "copy", "verify", "model"):
+        t.add_column(col, overflow="fold")
+    for name in [rep.source] + rep.targets:
+        m = rep.manifests.get(name)
+        c = rep.copies.get(name)
+        copy: str | Text = "source"
+        if c is not None and c.plan is not None:
+            copy = "nothing to send" if c.plan.empty and not rep.repaired.get(name) else \
+                f"{_gb(c.bytes_sent)} sent in {c.seconds:.1f} s" + (f" ({_gb(c.bytes_sent / c.seconds)}/s)" if c.seconds > 0.5 else "")
+            if c.errors:
+                copy = Text("; ".join(c.errors), style="bold red")
+        diffs = rep.differences.get(name, [])
+        verify = Text("equal", style="green") if name != rep.source and not diffs else \
+            Text("\n".join(str(d) for d in diffs[:20]) + (f"\n... {len(diffs) - 20} more" if len(diffs) > 20 else ""),
+                 style="bold red") if diffs else Text("reference", style="dim")
+        if m and m.cache and name != rep.source or (m and m.cache and name == rep.source):
+            verify.append(f"\nhashed {m.cache['hashed']}, cached {m.cache['hits']} ({m.seconds:.1f} s)", style="dim")
+        problems = rep.model.get(name, [])
+        model = Text("; ".join(problems), style="bold red") if problems else Text("valid", style="green")
+        t.add_row(name, str(len(m.files)) if m else "?", _gb(m.total_bytes) if m else "?", copy, verify, model)
+    console.print(t)
+    for note in rep.notes:
+        console.print(note, style="yellow" if "only" in note else None)
+    for name, fixed in rep.repaired.items():
+        if fixed:
+            console.print(f"repaired on {name}: " + "; ".join(fixed))
+    if any(c.errors for c in rep.copies.values()):
+        fix = next((c.hint for c in rep.copies.values() if c.errors and c.hint), "")
+        console.print(Text(f"fix: {fix}" if fix else "the copy was interrupted: run sync-model again; finished files "
+                           "are not sent again and partial ones are continued", style="cyan"))
+    console.print(Text("OK: copies equal and the model valid" if rep.ok else
+                       "FAILED: differences or an invalid model (see above); --repair re-sends only what differs",
+                       style="bold green" if rep.ok else "bold red"))
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
