@@ -90,6 +90,26 @@ def station_hosts(inv, plan, facts, journal):
     return hosts
 
 
+def test_the_live_table_shows_every_service_and_ends_on_each_ones_phase():
+    """The executor shows its wait through `show` (the cli's live table): each rank's row, and the last
+    drawing has both ready, the head's detail its gates."""
+    import io
+
+    from rich.console import Console
+
+    from railyard.cli import live_table
+    inv, plan, facts = stations()
+    hosts = station_hosts(inv, plan, facts, [])
+    con = Console(record=True, width=200, file=io.StringIO(), force_terminal=False)
+    with runner_for(inv, hosts) as runner:
+        rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 60, False, live_table(con))
+    assert rep.ok, rep.failure
+    last = con.export_text().split("launch\n")[-1]
+    rows = [ln.split("│")[1:6] for ln in last.splitlines() if ln.count("│") >= 6]
+    assert [(r[0].strip(), r[1].strip(), r[3].strip()) for r in rows] == [("1", "B", "ready"), ("0", "A", "ready")]
+    assert "/health" in rows[1][4] and live_table(None) is None
+
+
 # ---------------------------------------------------------------- multinode_tp (the two stations)
 
 def test_the_worker_starts_first_the_head_is_gated_and_the_same_plan_again_is_a_noop():

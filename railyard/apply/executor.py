@@ -16,7 +16,8 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Protocol
 
 from ..facts import ParseError
 from ..errors import CommandFailed, LaunchError, UsageError
@@ -32,8 +33,6 @@ from ..plan import layout as layouts
 from . import timeline
 from .envfiles import EnvFile
 
-if TYPE_CHECKING:
-    from rich.live import Live  # for the annotation only: __enter__ imports it when it is used
 
 POLL_S = 0.3
 
@@ -153,49 +152,26 @@ def pending_gates(s: Session, svc: Service) -> tuple[list[Gate], str]:
     return pending, detail
 
 
-# ---------------------------------------------------------------- the live table
+# ---------------------------------------------------------------- what shows the wait
 
-class _Status:
-    """A live table of every service while launch/start waits."""
+class Shown(Protocol):
+    """What shows the services while launch/start waits: refresh() after each change of phase or detail."""
 
-    def __init__(self, console, states: list[ServiceState]):
-        self.console = console
-        self.states = states
-        self.live: Live | None = None
+    def refresh(self) -> None: ...
 
-    def table(self):
-        from rich.table import Table
-        t = Table(title="launch", title_justify="left")
-        for c in ("rank", "host", "service", "phase", "detail"):
-            t.add_column(c, overflow="fold")
-        for st in self.states:
-            style = {"ready": "green", "failed": "bold red", "running": "cyan"}.get(st.phase, "")
-            svc = st.service
-            t.add_row("-" if svc.rank is None else str(svc.rank), svc.host, svc.name,
-                      f"[{style}]{st.phase}[/]" if style else st.phase, st.detail[-100:])
-        return t
 
-    def __enter__(self):
-        if self.console is not None:
-            from rich.live import Live
-            self.live = Live(self.table(), console=self.console, refresh_per_second=4, transient=False)
-            self.live.start()
-        return self
+# show(states) -> a context manager around the wait giving a Shown (the cli's live table); None shows nothing
+Show = Callable[[list["ServiceState"]], ContextManager[Shown]]
 
-    def refresh(self):
-        if self.live:
-            self.live.update(self.table())
 
-    def __exit__(self, *exc):
-        if self.live:
-            self.refresh()
-            self.live.stop()
-            self.console.print()
+class _Unseen:
+    def refresh(self) -> None:
+        pass
 
 
 # ---------------------------------------------------------------- running the stages
 
-def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_one) -> LaunchReport:
+def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, show: Show | None, start_one) -> LaunchReport:
     """Start (via start_one(service) -> error or None) and gate every stage in order, then wait for
     every service's ready gates."""
     services = plan.services()
@@ -216,7 +192,7 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
                 return True
         return False
 
-    def wait_ready(svcs: list[Service], status: _Status, live: list[Service]) -> bool:
+    def wait_ready(svcs: list[Service], status: Shown, live: list[Service]) -> bool:
         todo = [s for s in svcs if s.ready]
         while todo:
             if dead(live):
@@ -237,7 +213,7 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
                 clock.sleep(0.5)
         return True
 
-    def watch(svcs: list[Service], ready: bool, status: _Status, live: list[Service]) -> bool:
+    def watch(svcs: list[Service], ready: bool, status: Shown, live: list[Service]) -> bool:
         """A stage's services watched together, so that their windows overlap: each running for its
         start gate's seconds and, where the stage waits for ready, its ready gates asked in the same
         rounds (ready once both hold). One of them exiting fails the launch, as does an earlier
@@ -281,7 +257,7 @@ def run_stages(plan: LaunchPlan, runner: Runner, timeout: float, console, start_
             status.refresh()
             clock.sleep(0.5 if ready else POLL_S)
 
-    with _Status(console, list(states.values())) as status:
+    with show(list(states.values())) if show else nullcontext(_Unseen()) as status:
         live: list[Service] = []
         for stage in plan.stages:
             for svc in stage.services:
@@ -414,7 +390,7 @@ def ensure_files(plan: LaunchPlan, runner: Runner, services: list[Service]) -> N
 
 
 def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: str, recreate: bool, timeout: float,
-          rollback: bool, console) -> LaunchReport:
+          rollback: bool, show: Show | None) -> LaunchReport:
     services = plan.services()
     commands = {s.name: run_line(plan, s) for s in services}
     prechecks(plan, runner, files, model_path)
@@ -451,7 +427,7 @@ def apply(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path: st
             return (r.stderr.strip() or r.stdout.strip()).splitlines()[-1] if (r.stderr or r.stdout) else f"exit {r.rc}"
         return None
 
-    rep = run_stages(plan, runner, timeout, console, start_one)
+    rep = run_stages(plan, runner, timeout, show, start_one)
     rep.kept = [label(plan, plan.service(n)) for n in rep.started if n in keep]
     rep.started = [n for n in rep.started if n not in keep]
     rep.commands = commands
@@ -504,7 +480,7 @@ def stop(plan: LaunchPlan, runner: Runner) -> list[StopResult]:
     return out
 
 
-def start(plan: LaunchPlan, runner: Runner, timeout: float, console) -> LaunchReport:
+def start(plan: LaunchPlan, runner: Runner, timeout: float, show: Show | None) -> LaunchReport:
     services = plan.services()
     existing = {s.name: inspect(runner.session(s.host), s.spec.name) for s in services}
     missing = [label(plan, plan.service(n)) for n, c in existing.items() if not c.exists]
@@ -520,7 +496,7 @@ def start(plan: LaunchPlan, runner: Runner, timeout: float, console) -> LaunchRe
         r = runner.session(svc.host).run(cmd("docker", "start", svc.spec.name), timeout=120)
         return None if r.ok else (r.stderr.strip() or str(r.error))
 
-    rep = run_stages(plan, runner, timeout, console, start_one)
+    rep = run_stages(plan, runner, timeout, show, start_one)
     final_gates(plan, runner, rep)
     return rep
 

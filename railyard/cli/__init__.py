@@ -27,6 +27,8 @@ import sys
 from invoke import Context, Task
 from invoke.exceptions import Exit
 from invoke.parser import Argument
+from rich.live import Live
+from rich.table import Table
 
 from ..errors import InventoryError, RailyardError
 from ..inventory import Inventory, load_inventory
@@ -171,3 +173,45 @@ def rtask(*, help: dict | None = None, numbers: dict | None = None, iterable=(),
         return RTask(convert, help=texts, positional=positional,
                      iterable=(["set_"] if "set_" in params else []) + list(iterable))
     return declare
+
+
+class LiveTable:
+    """Every service while launch, start or recover waits (the executor's `show`): one row each, rank,
+    host, service, phase and detail, redrawn on each change; nothing when there is no console."""
+
+    def __init__(self, console, states: list) -> None:
+        self.console = console
+        self.states = states
+        self.live: Live | None = None
+
+    def table(self) -> Table:
+        t = Table(title="launch", title_justify="left")
+        for c in ("rank", "host", "service", "phase", "detail"):
+            t.add_column(c, overflow="fold")
+        for st in self.states:
+            style = {"ready": "green", "failed": "bold red", "running": "cyan"}.get(st.phase, "")
+            svc = st.service
+            t.add_row("-" if svc.rank is None else str(svc.rank), svc.host, svc.name,
+                      f"[{style}]{st.phase}[/]" if style else st.phase, st.detail[-100:])
+        return t
+
+    def __enter__(self) -> LiveTable:
+        if self.console is not None:
+            self.live = Live(self.table(), console=self.console, refresh_per_second=4, transient=False)
+            self.live.start()
+        return self
+
+    def refresh(self) -> None:
+        if self.live:
+            self.live.update(self.table())
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.refresh()
+            self.live.stop()
+            self.console.print()
+
+
+def live_table(console):
+    """The executor's `show` for this console (None: nothing shown)."""
+    return functools.partial(LiveTable, console) if console is not None else None

@@ -9,7 +9,7 @@ from rich.text import Text
 
 from ..errors import UsageError
 from ..report import console, launch_report, status_report, timeline_table
-from . import JSON, load, rtask
+from . import JSON, live_table, load, rtask
 
 RANK_ORDER = "start order, e.g. B,A (default: workers first, then the head)"
 TIMEOUT = "seconds to wait for `Application startup complete` and /health (default: vllm_start_timeout_s)"
@@ -89,7 +89,7 @@ def launch(inventory=None, rank_order=None, dry_run=False, recreate=False, timeo
     from ..verbs.serve import launch as run
     inv = load(inventory, set_)
     con = console(stderr=json)  # --json: the live table on stderr, the one document on stdout
-    rep = run(inv, rank_order, dry_run, recreate, timeout, rollback, con)
+    rep = run(inv, rank_order, dry_run, recreate, timeout, rollback, live_table(con))
     if json:
         return launch_report(rep, dry_run).print_json()
     for note in rep.plan.notes if rep.plan else ():   # what vLLM will do other than asked, without failing
@@ -149,7 +149,7 @@ def start(inventory=None, rank_order=None, timeout=None, set_=None):
     from ..verbs.serve import start as run
     inv = load(inventory, set_)
     con = console()
-    return _print_launch(run(inv, rank_order, timeout, con), con, "start")
+    return _print_launch(run(inv, rank_order, timeout, live_table(con)), con, "start")
 
 
 @rtask()

@@ -13,7 +13,7 @@ from ..errors import UsageError
 from ..plan.layout import CACHE_PROOF_AUTO
 from ..report import (NO_HOST, console, health_report, nixl_report, rdma_report, recover_report,
                       verdict_table)
-from . import load, rtask
+from . import live_table, load, rtask
 
 
 @rtask(help={"log": "judge this NCCL log file instead (repeatable; no SSH)"}, iterable=["log"])
@@ -159,7 +159,7 @@ def recover(inventory=None, replica=None, dry_run=False, timeout=None, drain_tim
     from ..verbs.serve import recover as run
     con = console()
     plan, rec = run(load(inventory, set_), replica, dry_run, timeout, 300.0 if drain_timeout is None else drain_timeout,
-                    None if json else con)
+                    None if json else live_table(con))
     if json:
         return recover_report(plan, rec, dry_run).print_json()
     title = {"none": "nothing to recover", "short": "short path: restart the replica alone",

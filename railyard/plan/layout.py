@@ -92,7 +92,7 @@ class Layout:
         return None
 
     def recover(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, target: str | None, dry_run: bool,
-                timeout: float | None, drain_timeout: float, console: Any) -> Any:
+                timeout: float | None, drain_timeout: float, show: Any) -> Any:
         return None
 
 

@@ -15,7 +15,7 @@ from ..inventory import Inventory
 from ..apply import envfiles
 from ..apply import executor as ops
 from ..apply import lock
-from ..apply.executor import LaunchReport, StopResult
+from ..apply.executor import LaunchReport, Show, StopResult
 from ..apply.lock import HeadLock
 from ..render import script
 from ..render.docker import run_line
@@ -70,7 +70,7 @@ def env(inv: Inventory, check: bool) -> tuple[list[envfiles.EnvFile], list[str]]
 
 
 def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool, timeout: float | None,
-           rollback: bool, console) -> LaunchReport:
+           rollback: bool, show: Show | None) -> LaunchReport:
     with _runner(inv) as runner:
         plan = build_plan(inv, runner, rank_order)
         files = envfiles.plan_env(plan, runner)
@@ -82,7 +82,7 @@ def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool
                 rep.hint = f"note: the env files are not current on {', '.join(stale)} (run `inv env`)"
             return rep
         with locked(inv, runner, "inv launch"):
-            rep = ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, console)
+            rep = ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, show)
             if not rep.noop:
                 keep_timeline(inv, plan, runner, rep)
             return rep
@@ -113,11 +113,11 @@ def keep_timeline(inv: Inventory, plan: LaunchPlan, runner: Runner, rep: LaunchR
         rep.timeline_note = f"this launch's timeline was not kept: {e}"
 
 
-def start(inv: Inventory, rank_order: str | None, timeout: float | None, console) -> LaunchReport:
+def start(inv: Inventory, rank_order: str | None, timeout: float | None, show: Show | None) -> LaunchReport:
     with _runner(inv) as runner:
         plan = build_plan(inv, runner, rank_order, strict=False)
         with locked(inv, runner, "inv start"):
-            return ops.start(plan, runner, float(timeout or inv.head.vars["vllm_start_timeout_s"]), console)
+            return ops.start(plan, runner, float(timeout or inv.head.vars["vllm_start_timeout_s"]), show)
 
 
 def stop(inv: Inventory) -> list[StopResult]:
@@ -183,13 +183,13 @@ def render_compose(inv: Inventory, out_dir: str) -> list[Path]:
 
 
 def recover(inv: Inventory, replica: str | None, dry_run: bool, timeout: float | None, drain_timeout: float,
-            console):
+            show: Show | None):
     """`inv recover`: the layout's own (its recover hook: it looks, chooses a path, and unless dry_run
     takes it under the operator lock); a layout without one is a usage error."""
     with _runner(inv) as runner:
         plan = build_plan(inv, runner, strict=False)
         rec = layouts.by_name(plan.layout).recover(inv, runner, plan, replica, dry_run, timeout, drain_timeout,
-                                                   console)
+                                                   show)
         if rec is None:
             have = " or ".join(n for n in layouts.names() if type(layouts.by_name(n)).recover is not Layout.recover)
             raise UsageError(f"inv recover: layout {plan.layout} has no recover (serve_layout {have} has)")

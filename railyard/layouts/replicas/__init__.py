@@ -50,10 +50,10 @@ class Replicas(Layout, name="replicas"):
         return api_probes(cache_proof)
 
     def recover(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None, dry_run: bool,
-                timeout: float | None, drain_timeout: float, console: Any) -> Any:
+                timeout: float | None, drain_timeout: float, show: Any) -> Any:
         """A crashed or named replica: the short or the long path (railyard.layouts.replicas.recover)."""
         from .recover import recover
-        return recover(inv, runner, plan, target, dry_run, timeout, drain_timeout, console)
+        return recover(inv, runner, plan, target, dry_run, timeout, drain_timeout, show)
 
     def hosts(self, inv: Inventory) -> list[Host]:
         return serve_hosts(inv)[:1]

@@ -31,7 +31,7 @@ from ...plan.spec import Endpoint, LaunchPlan, Service, Stage
 from ...transport import Session, Sh, cmd, write_remote
 from ...facts.docker import inspect
 from ...transport.http import parse_metrics, request
-from ...apply.executor import LaunchReport, run_stages
+from ...apply.executor import LaunchReport, Show, run_stages
 from ...apply.lock import HeadLock, lock_host
 from ...inventory import Inventory
 
@@ -278,7 +278,7 @@ def router_healthy(s: Session, plan: LaunchPlan) -> tuple[set[str], str]:
 
 
 def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeout: float, drain_timeout: float,
-            console, router_wait: float = 60.0) -> Recovery:
+            show: Show | None, router_wait: float = 60.0) -> Recovery:
     """Take the chosen path. It ends when the router's own health check lists the restarted replicas
     healthy again (within router_wait seconds): until then LiteLLM does not route to them."""
     s = runner.session(plan.endpoint.host)
@@ -323,7 +323,7 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
             r = s.run(cmd("docker", "start", svc.spec.name), timeout=120)
             return None if r.ok else (r.stderr.strip() or str(r.error))
 
-        rep = run_stages(sub, runner, timeout, console, start_one)
+        rep = run_stages(sub, runner, timeout, show, start_one)
         rec.report = rep
         if rep.failure:
             raise LaunchError(rep.failure)
@@ -361,7 +361,7 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
 
 
 def recover(inv: Inventory, runner: Runner, plan: LaunchPlan, replica: str | None, dry_run: bool,
-            timeout: float | None, drain_timeout: float, console) -> Recovery:
+            timeout: float | None, drain_timeout: float, show: Show | None) -> Recovery:
     """`inv recover` for this layout: look at the replicas and their GPUs, choose the short or the long
     path (or none, or blocked), and unless dry_run take it under the operator lock."""
     rec, _ = survey(plan, runner, replica)
@@ -371,5 +371,5 @@ def recover(inv: Inventory, runner: Runner, plan: LaunchPlan, replica: str | Non
     util = float(v["vllm_gpu_memory_utilization"])
     router_wait = 2 * v["litellm_health_check_interval_s"] + 30  # two checks, and the checks themselves
     with HeadLock(runner.session(lock_host(inv)), "inv recover"):
-        return execute(plan, runner, rec, util, float(timeout or v["vllm_start_timeout_s"]), drain_timeout, console,
+        return execute(plan, runner, rec, util, float(timeout or v["vllm_start_timeout_s"]), drain_timeout, show,
                        router_wait)
