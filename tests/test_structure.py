@@ -15,7 +15,6 @@ GENERIC = ("transport", "facts", "checks", "plan", "render", "apply", "verbs", "
 # a word that is also a layout's name, where it means something else
 NOT_A_LAYOUT = {
     ("render/lws.py", "replicas"): "the Kubernetes field (a LeaderWorkerSet's or a Deployment's replica count)",
-    ("report.py", "replicas"): "the recover report's field: the replicas it restarted",
     ("cli/verify.py", "replicas"): "the recover report's field (the replicas it restarted), --cache-proof's help",
 }
 # the KV planner (`inv plan`) still compares the two one-host layouts itself: it moves beside them once
@@ -24,9 +23,9 @@ PLANNER = {"verbs/capacity.py", "cli/capacity.py"}
 
 
 def generic_files():
-    for d in GENERIC:
+    for d in GENERIC + ("inventory",):
         yield from sorted((PKG / d).rglob("*.py"))
-    for f in ("report.py", "inventory.py", "errors.py"):
+    for f in ("report.py", "errors.py"):
         yield PKG / f
 
 
