@@ -119,7 +119,7 @@ class _Enough(Exception):
 def test_watch_prints_the_first_look_whole_then_a_stamped_line_per_changed_check(monkeypatch, capsys):
     from railyard import cli
     from railyard.cli import verify as health_cli
-    from railyard.report import health_report
+    from railyard.verbs.verify import health_report
 
     def look(b_hung: bool):
         b = RankHealth("B", 1, "worker-1", "running", 60.0, 1000, "VLLM::Worker_TP1", not b_hung,

@@ -15,7 +15,7 @@ from railyard.cli import serve as cli
 from railyard.verbs import serve as L
 from railyard.apply import executor as ops
 from railyard.apply import timeline as T
-from railyard.report import launch_report
+from railyard.verbs.serve import launch_report
 from railyard.testing import FakeClock
 from railyard.transport.runner import Runner
 from railyard.engines.vllm import MILESTONE_GREP

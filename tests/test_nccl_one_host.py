@@ -7,9 +7,9 @@ import subprocess
 import sys
 import time
 
-from railyard import report as R
 from railyard.checks.nccl import judge_intranode
-from railyard.verbs.nccl_check import PROBE, OneHostReport, SizeResult, local_probe_line, parse_probe, summarize
+from railyard.verbs.nccl_check import (PROBE, OneHostReport, SizeResult, local_probe_line, nccl_report, parse_probe,
+                                       summarize)
 
 from .conftest import REAL
 from .test_plan import docker_parses, hgx_plan
@@ -85,7 +85,7 @@ def one_host(name, busbw=(40.0, 300.0, 360.0), errors=()):
 
 
 def shape(rep):
-    doc = json.loads(R.nccl_report(rep).json())
+    doc = json.loads(nccl_report(rep).json())
     assert set(doc) == {"ok", "checks", "data"}
     return doc
 

@@ -224,7 +224,8 @@ class FakeRunner:
         return type("S", (), {"host": type("H", (), {"name": host})()})()
 
     def each(self, fn, hosts):
-        return {h.name: fn(self.session(h.name)) for h in hosts}
+        from railyard.transport.runner import HostResults
+        return HostResults((h.name, fn(self.session(h.name)), True) for h in hosts)
 
 
 def _prove(monkeypatch, code, text, logs, words=64, moved=True):

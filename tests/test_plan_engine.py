@@ -16,7 +16,7 @@ from railyard.verbs import against as A
 from railyard.verbs import capacity as C
 from railyard.cli import capacity as cli
 from railyard.render.docker import config_hash
-from railyard.report import engine_kv_report
+from railyard.verbs.against import engine_kv_report
 from railyard.transport.runner import Runner
 from railyard.engines.vllm import engine_kv
 from railyard.testing import FakeSession

@@ -11,12 +11,15 @@ from invoke.exceptions import Exit
 from railyard import cli
 from railyard.cli import nccl, serve, verify as verify_cli
 from railyard import report as R
-from railyard.verbs.capacity import LayoutPlan, Plan, plan_json
+from railyard.verbs.capacity import LayoutPlan, Plan, plan_json, plan_report
 from railyard.checks import CheckResult
 from railyard.errors import LaunchError, UsageError
 from railyard.checks.nccl import RankVerdict
-from railyard.verbs.nccl_check import CheckReport, SizeResult
-from railyard.verbs.sync import CopyPlan, Difference, FileInfo, Manifest, SyncReport, TargetResult
+from railyard.verbs.nccl_check import CheckReport, SizeResult, nccl_report
+from railyard.verbs.preflight import preflight_report
+from railyard.verbs.serve import status_report
+from railyard.verbs.sync import CopyPlan, Difference, FileInfo, Manifest, SyncReport, TargetResult, sync_report
+from railyard.verbs.verify import health_report, rdma_report
 from railyard.checks.health import Probe, RankHealth
 
 CHECK_KEYS = {"host", "check", "status", "detail", "evidence", "hint"}
@@ -66,7 +69,7 @@ def test_a_failed_check_gives_exit_1_and_ok_false_warn_and_skip_do_not():
 def test_preflight():
     results = [CheckResult("A", "mtu", "pass", "cx8r1 mtu 9000", "4: cx8r1: mtu 9000"),
                CheckResult("B", "mtu", "fail", "cx8r1 mtu 1500, expected 9000", "", "ip link set dev cx8r1 mtu 9000")]
-    doc = shape(R.preflight_report(results))
+    doc = shape(preflight_report(results))
     assert doc["ok"] is False and doc["data"] == {} and [c["host"] for c in doc["checks"]] == ["A", "B"]
 
 
@@ -82,16 +85,16 @@ def status_row(host, rank, running=True, current=True, pinned=True, **kw):
 
 def test_status_one_container_check_per_service():
     rows = [status_row("A", 0), status_row("B", 1)]
-    doc = shape(R.status_report(rows))
+    doc = shape(status_report(rows))
     assert doc["ok"] and statuses(doc) == {("A", "container"): "pass", ("B", "container"): "pass"}
     assert doc["data"]["ranks"] == rows  # nothing lost
     rows = [status_row("A", 0, current=False), status_row("B", 1, running=False),
             {"host": "C", "rank": 2, "service": "rank2", "state": "unreachable", "running": False, "error": "timeout"}]
-    doc = shape(R.status_report(rows))
+    doc = shape(status_report(rows))
     assert not doc["ok"] and set(statuses(doc).values()) == {"fail"}
     assert "another configuration" in doc["checks"][0]["detail"] and doc["checks"][0]["hint"] == "inv launch --recreate"
     assert "exited" in doc["checks"][1]["detail"] and "timeout" in doc["checks"][2]["detail"]
-    doc = shape(R.status_report([status_row("A", 0, pinned=False)]))
+    doc = shape(status_report([status_row("A", 0, pinned=False)]))
     assert doc["ok"] and doc["checks"][0]["status"] == "warn" and "NOT the pinned digest" in doc["checks"][0]["detail"]
 
 
@@ -109,7 +112,7 @@ def health_data(dead: str | None = None):
 
 def test_health_one_check_per_service_and_per_probe():
     ranks, probes, metrics = health_data()
-    doc = shape(R.health_report(ranks, probes, metrics, "A"))
+    doc = shape(health_report(ranks, probes, metrics, "A"))
     assert doc["ok"] and statuses(doc) == {("A", "service"): "pass", ("B", "service"): "pass",
                                            ("A", "api_health"): "pass", ("A", "api_models"): "pass",
                                            ("A", "api_chat"): "pass", ("A", "api_metrics"): "pass"}
@@ -118,7 +121,7 @@ def test_health_one_check_per_service_and_per_probe():
     assert doc["data"]["metrics"]["spec_acceptance"] == 0.75
     assert "120 ms" in next(c for c in doc["checks"] if c["check"] == "api_chat")["evidence"]
     ranks, probes, metrics = health_data(dead="B")
-    doc = shape(R.health_report(ranks, probes, metrics, "A"))
+    doc = shape(health_report(ranks, probes, metrics, "A"))
     assert not doc["ok"] and statuses(doc)[("B", "service")] == "fail" and statuses(doc)[("A", "api_health")] == "fail"
     b = next(c for c in doc["checks"] if c["host"] == "B")
     assert "container glm53-full is exited" in b["detail"] and "inv logs --rank B" in b["hint"]
@@ -135,10 +138,10 @@ def socket(host: str, where: str = "/tmp/nccl_{}_1.log") -> RankVerdict:
 
 
 def test_verify_rdma_one_check_per_rank_verdict():
-    doc = shape(R.rdma_report([gdr("A"), gdr("B")]))
+    doc = shape(rdma_report([gdr("A"), gdr("B")]))
     assert doc["ok"] and statuses(doc) == {("A", "rdma"): "pass", ("B", "rdma"): "pass"}
     assert doc["data"]["ranks"][0]["source"] == "A:/tmp/nccl_A_1.log" and doc["data"]["ranks"][0]["hcas"] == ["mlx5_1"]
-    doc = shape(R.rdma_report([gdr("A"), socket("B")]))
+    doc = shape(rdma_report([gdr("A"), socket("B")]))
     b = doc["checks"][1]
     assert not doc["ok"] and b["status"] == "fail" and b["host"] == "B"
     assert b["detail"] == "2 inter-node channel(s) over Socket, not IB; IPC_LOCK not granted"
@@ -147,12 +150,12 @@ def test_verify_rdma_one_check_per_rank_verdict():
 
 
 def test_verify_rdma_a_one_host_layout_is_a_skip_never_a_pass_and_nothing_judged_fails():
-    doc = shape(R.rdma_report([], skipped="SKIP: layout single_node_tp runs on one host", skip_host="A",
+    doc = shape(rdma_report([], skipped="SKIP: layout single_node_tp runs on one host", skip_host="A",
                               layout="single_node_tp"))
     assert doc["ok"] and [c["status"] for c in doc["checks"]] == ["skip"]
     assert doc["data"] == {"ranks": [], "skipped": "SKIP: layout single_node_tp runs on one host",
                            "layout": "single_node_tp"}
-    doc = shape(R.rdma_report([]))
+    doc = shape(rdma_report([]))
     assert not doc["ok"] and doc["checks"][0]["status"] == "fail"
 
 
@@ -168,7 +171,7 @@ def nccl_rep(fraction=0.82, errors=(), b_verdict=None) -> CheckReport:
 
 def test_nccl_check_probe_rdma_per_rank_and_one_bandwidth_check():
     rep = nccl_rep()
-    doc = shape(R.nccl_report(rep))
+    doc = shape(nccl_report(rep))
     assert doc["ok"] is rep.ok is True
     assert statuses(doc) == {("A", "probe"): "pass", ("B", "probe"): "pass", ("A", "rdma"): "pass",
                              ("B", "rdma"): "pass", ("-", "bandwidth"): "pass"}
@@ -186,7 +189,7 @@ def test_nccl_check_probe_rdma_per_rank_and_one_bandwidth_check():
     (nccl_rep(errors=["somewhere: odd"]), {("-", "probe")}),
 ])
 def test_nccl_check_failures_agree_with_the_report(rep, failing):
-    doc = shape(R.nccl_report(rep))
+    doc = shape(nccl_report(rep))
     assert doc["ok"] is rep.ok is False
     assert {k for k, v in statuses(doc).items() if v == "fail"} == failing
 
@@ -210,7 +213,7 @@ def sync_rep(**kw) -> SyncReport:
 
 def test_sync_model_model_per_host_and_sync_per_target():
     rep = sync_rep()
-    doc = shape(R.sync_report(rep))
+    doc = shape(sync_report(rep))
     assert doc["ok"] is rep.ok is True
     assert statuses(doc) == {("A", "model"): "pass", ("B", "model"): "pass", ("C", "model"): "pass",
                              ("B", "sync"): "pass", ("C", "sync"): "pass"}
@@ -218,14 +221,14 @@ def test_sync_model_model_per_host_and_sync_per_target():
     d = doc["data"]
     assert d["source"] == "A" and d["verify"] == "content" and "ok" not in d
     assert [h["host"] for h in d["hosts"]] == ["A", "B", "C"] and d["hosts"][1]["copy"]["bytes_sent"] == 1000
-    size = shape(R.sync_report(sync_rep(verify="size")))
+    size = shape(sync_report(sync_rep(verify="size")))
     assert "content not compared" in size["checks"][3]["detail"]
 
 
 def test_sync_model_failures_agree_with_the_report():
     rep = sync_rep(differences={"B": [Difference("model-00000.safetensors", "content", "ab", "ff")], "C": []},
                    model={"A": [], "B": [], "C": ["config.json missing"]})
-    doc = shape(R.sync_report(rep))
+    doc = shape(sync_report(rep))
     assert doc["ok"] is rep.ok is False
     assert {k for k, v in statuses(doc).items() if v == "fail"} == {("B", "sync"), ("C", "model")}
     b = next(c for c in doc["checks"] if c["check"] == "sync" and c["host"] == "B")
@@ -234,11 +237,11 @@ def test_sync_model_failures_agree_with_the_report():
     rep.copies["C"].errors.append("rsync exit 12")
     rep.manifests["B"] = manifest("B", error="timeout: no answer")
     rep.model["B"] = ["timeout: no answer"]
-    doc = shape(R.sync_report(rep))
+    doc = shape(sync_report(rep))
     assert doc["ok"] is rep.ok is False
     assert {k for k, v in statuses(doc).items() if v == "fail"} == {("B", "model"), ("B", "sync"), ("C", "sync")}
     stopped = sync_rep(failure="A cannot ssh non-interactively to B", hint="ssh-copy-id", copies={}, manifests={})
-    doc = shape(R.sync_report(stopped))
+    doc = shape(sync_report(stopped))
     assert not doc["ok"] and doc["checks"] == [{"host": "A", "check": "sync", "status": "fail", "hint": "ssh-copy-id",
                                                 "detail": "A cannot ssh non-interactively to B", "evidence": ""}]
 
@@ -246,7 +249,7 @@ def test_sync_model_failures_agree_with_the_report():
 def test_sync_model_dry_run_skips_every_target():
     rep = sync_rep(dry_run=True, manifests={}, differences={}, model={},
                    copies={"B": TargetResult("B", CopyPlan("B", send=["x", "y"], equal=3, bytes=2000))})
-    doc = shape(R.sync_report(rep))
+    doc = shape(sync_report(rep))
     assert doc["ok"] and statuses(doc) == {("B", "sync"): "skip", ("C", "sync"): "skip"}
     assert "would send 2 file(s)" in doc["checks"][0]["detail"] and "would download" in doc["checks"][1]["detail"]
 
@@ -260,12 +263,12 @@ def plan_doc(fits_dp=True) -> dict:
 
 
 def test_plan_keeps_its_top_level_contract_and_adds_checks_and_data():
-    doc = shape(R.plan_report(plan_doc()))
+    doc = shape(plan_report(plan_doc()))
     assert doc["ok"] and statuses(doc) == {("-", "fits_single_node_tp"): "pass", ("-", "fits_dp_ep"): "pass"}
     assert set(doc) == {"ok", "checks", "data", "model", "assumptions", "layouts"}
     assert doc["data"] == {"model": doc["model"], "assumptions": doc["assumptions"], "layouts": doc["layouts"]}
     assert [lp["layout"] for lp in doc["layouts"]] == ["single_node_tp", "dp_ep"]
-    doc = shape(R.plan_report(plan_doc(fits_dp=False)))  # a layout that does not fit is a finding, not a failure
+    doc = shape(plan_report(plan_doc(fits_dp=False)))  # a layout that does not fit is a finding, not a failure
     assert doc["ok"] and statuses(doc)[("-", "fits_dp_ep")] == "warn" and "no KV cache" in doc["checks"][1]["detail"]
 
 

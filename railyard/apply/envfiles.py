@@ -54,9 +54,9 @@ def plan_env(plan: LaunchPlan, runner: Runner) -> list[EnvFile]:
     got = runner.each(current, [runner.session(h).host for h in plan.report_hosts()])
     out = []
     for svc in services:
-        have = got[svc.host]
-        if not isinstance(have, dict):
-            raise CommandFailed(have, "could not read the env file")
+        if svc.host in got.failed:
+            raise CommandFailed(got.failed[svc.host], "could not read the env file")
+        have = got.ok[svc.host]
         out.append(EnvFile(svc.host, svc.name, svc.env_path, envfile.render(plan, svc), have[svc.name],
                            envfile.local_path(local_dir(), plan, svc)))
     return out

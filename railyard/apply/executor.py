@@ -315,8 +315,7 @@ def unreachable_dials(plan: LaunchPlan, runner: Runner, running: set[str]) -> li
     got = runner.each(one, [runner.session(src).host for src in by_src])
     out = []
     for src, dials in by_src.items():
-        res = got[src]
-        seen = res if isinstance(res, dict) else {}  # a host that did not answer shows nothing
+        seen = got.ok.get(src, {})  # a host that did not answer shows nothing
         out += [(d, seen[(d.address, d.port)].status) for d in dials
                 if (d.address, d.port) in seen and seen[(d.address, d.port)].status != "connected"]
     return out
@@ -346,8 +345,8 @@ def prechecks(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path
             f"test -f {q(RemotePath(model_path + '/config.json'))}", timeout=30).ok
         return ids, ok
 
-    got = {n: (v if isinstance(v, tuple) else ({i: None for i in images[n]}, False))
-           for n, v in runner.each(look, [runner.session(h).host for h in plan.hosts()]).items()}
+    looked = runner.each(look, [runner.session(h).host for h in plan.hosts()])
+    got = {n: looked.ok.get(n, ({i: None for i in images[n]}, False)) for n in looked}
     for image in dict.fromkeys(i for imgs in images.values() for i in imgs):
         having = {n: ids[image] for n, (ids, _) in got.items() if image in ids}
         missing_img = [n for n, i in having.items() if not i]
@@ -553,10 +552,9 @@ def status(plan: LaunchPlan, runner: Runner) -> list[dict]:
     got = runner.each(host_rows, [runner.session(h).host for h in plan.report_hosts()])
     rows: list[dict] = []
     for h in plan.report_hosts():
-        res = got[h]
-        rows += res if isinstance(res, list) else [{"host": h, "rank": svc.rank, "service": svc.name,
-                                                    "state": "unreachable", "running": False, "error": str(res.error)}
-                                                   for svc in plan.on_host(h)]
+        rows += got.ok[h] if h in got.ok else [{"host": h, "rank": svc.rank, "service": svc.name, "state": "unreachable",
+                                                "running": False, "error": str(got.failed[h].error)}
+                                               for svc in plan.on_host(h)]
     return rows
 
 

@@ -161,10 +161,10 @@ def read(plan: LaunchPlan, runner) -> list[Timeline]:
     got = runner.each(on_host, [runner.session(h).host for h in hosts])
     by_name: dict[str, Timeline] = {}
     for h in hosts:
-        res = got[h]
-        if isinstance(res, list):
-            by_name.update({t.service: t for t in res})
+        if h in got.ok:
+            by_name.update({t.service: t for t in got.ok[h]})
         else:  # the host's work raised: every service of it says so
+            res = got.failed[h]
             for svc, ms in wanted:
                 if svc.host == h:
                     by_name[svc.name] = Timeline(svc.host, svc.name, svc.rank, svc.spec.name,

@@ -10,6 +10,7 @@ for the comparisons across hosts; here only the result and what they all share.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 from ..inventory import Host
@@ -29,6 +30,20 @@ class CheckResult:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+_FIX = re.compile(r"^(.*?) \(fix: (.*)\)$", re.S)
+
+
+def split_fixes(reasons: list[str]) -> tuple[str, str]:
+    """A verdict's reasons `what (fix: how)` as one detail line and one hint line (each fix once)."""
+    what, fixes = [], []
+    for reason in reasons or ["no verdict"]:
+        m = _FIX.match(reason)
+        what.append(m.group(1) if m else reason)
+        if m and m.group(2) not in fixes:
+            fixes.append(m.group(2))
+    return "; ".join(what), "; ".join(fixes)
 
 
 TOOL_HINTS = {

@@ -27,9 +27,12 @@ import sys
 from invoke import Context, Task
 from invoke.exceptions import Exit
 from invoke.parser import Argument
+from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
+from ..checks import PASS, CheckResult
 from ..errors import InventoryError, RailyardError
 from ..inventory import Inventory, load_inventory
 from ..report import error_report
@@ -37,6 +40,51 @@ from ..report import error_report
 INVENTORY = "inventory YAML file (default: $RAILYARD_INVENTORY)"
 SET = "override a variable, KEY=VALUE (repeatable; highest precedence)"
 JSON = "print one JSON document instead of the table"
+STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    # piped into a file or a pager: don't squeeze fingerprints and evidence into 80 columns
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+def checks_table(results: list[CheckResult], title: str) -> Table:
+    t = Table(title=title, title_justify="left", show_lines=False, expand=False)
+    t.add_column("host", style="bold", no_wrap=True)
+    t.add_column("check", no_wrap=True)
+    t.add_column("status", no_wrap=True)
+    t.add_column("evidence", overflow="fold")
+    needs_fix = any(r.status in ("fail", "warn") for r in results)
+    if needs_fix:
+        t.add_column("fix", overflow="fold")
+    last = None
+    for r in results:
+        if last is not None and r.host != last:
+            t.add_section()
+        last = r.host
+        ev = Text(r.detail)
+        if r.evidence:
+            ev.append("\n" + r.evidence, style="dim")
+        row: list[str | Text] = [r.host, r.check, Text(r.status.upper(), style=STYLE.get(r.status, "")), ev]
+        if needs_fix:
+            row.append(Text(r.hint, style="cyan") if r.status in ("fail", "warn") else "")
+        t.add_row(*row)
+    return t
+
+
+def verdict_table(verdicts: list, title: str) -> Table:
+    """The NCCL transport of every judged log, for verify-rdma and nccl-check alike."""
+    t = Table(title=title, title_justify="left")
+    for c in ("source", "verdict", "transport", "GDRDMA", "HCAs", "NCCL", "reasons"):
+        t.add_column(c, overflow="fold")
+    for r in verdicts:
+        t.add_row(r.source, Text(r.verdict.upper(), style="green" if r.verdict == PASS else "bold red"),
+                  r.net_transport or "none seen", "yes" if r.gdrdma else "no", ", ".join(r.hcas) or "-",
+                  r.nccl_version or "?", Text("\n".join(r.reasons), style="red") if r.reasons else
+                  Text("\n".join(getattr(r, "notes", [])), style="yellow"))
+    return t
 
 
 def entry(fn):

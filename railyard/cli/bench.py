@@ -17,8 +17,8 @@ from ..bench.aiperf import Load, check_usage
 from ..bench.slo import parse_slos
 from ..checks import FAIL, PASS, WARN, CheckResult
 from ..errors import InventoryError, UsageError
-from ..report import NO_HOST, Report, console
-from . import load, rtask
+from ..report import NO_HOST, Report
+from . import console, load, rtask
 
 COLUMNS = (  # header, metric, format
     ("overall tok/s", "output_tok_s", "{:.1f}"),

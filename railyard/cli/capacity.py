@@ -10,8 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import UsageError
-from ..report import console, engine_kv_report, engine_kv_table, plan_report
-from . import load, rtask
+from . import console, load, rtask
 
 if TYPE_CHECKING:
     from ..verbs.capacity import Plan
@@ -102,7 +101,7 @@ def plan(inventory=None, model=None, gpu_memory_gib=None, gpus=None, context=Non
          gpu_memory_utilization=None, kv_cache_dtype=None, reserve_gib=None, block_size=None, mtp=False,
          dp_reserve_gib=None, set_=None, against_engine=False):
     """KV cache per GPU and per node under TP=N against DP attention + EP, from the checkpoint's own headers."""
-    from ..verbs.capacity import Assumptions, gather, parse_checkpoint, plan_capacity, plan_json
+    from ..verbs.capacity import Assumptions, gather, parse_checkpoint, plan_capacity, plan_json, plan_report
     a = Assumptions(mtp=mtp, context=context, block_size=block_size, dp_reserve_gib=dp_reserve_gib)
     if gpu_memory_utilization is not None:
         a.gpu_memory_utilization = gpu_memory_utilization
@@ -127,7 +126,7 @@ def plan(inventory=None, model=None, gpu_memory_gib=None, gpus=None, context=Non
 def _plan_against_engine(inv, model: str | None, gpu_memory_gib: float | None, a, json_out: bool) -> int:
     """The running deployment's engines: railyard's KV tokens beside what each printed."""
     from ..verbs import capacity as C
-    from ..verbs.against import TOLERANCE_PCT, compare, engine_services
+    from ..verbs.against import TOLERANCE_PCT, compare, engine_kv_report, engine_services
     from ..verbs.serve import build_plan
     from ..plan import layout as layouts
     from ..transport.runner import Runner
@@ -162,3 +161,18 @@ def _plan_against_engine(inv, model: str | None, gpu_memory_gib: float | None, a
                    f"{len(far)} engine(s) not within {TOLERANCE_PCT:g} % or not seen: see above",
                    style="bold green" if not far else "yellow"))
     return report.exit_code
+
+
+def engine_kv_table(rows: list) -> Table:
+    t = Table(title="plan against the engine: KV tokens per engine core (each rank of it)", title_justify="left")
+    for c in ("layout", "service", "engine", "shape", "device", "KV B/token/rank", "budget", "planned", "engine printed",
+              "difference"):
+        t.add_column(c, overflow="fold", justify="right" if c in ("planned", "engine printed", "difference",
+                                                                   "KV B/token/rank") else "left")
+    for r in rows:
+        diff = "-" if r.difference_pct is None else f"{r.difference_pct:+.2f} %"
+        t.add_row(r.layout, f"{r.service} ({r.host})", f"DP{r.dp_rank}", r.shape, r.device or "-",
+                  "-" if r.kv_bytes_per_token_per_rank is None else f"{r.kv_bytes_per_token_per_rank:,}", r.budget,
+                  "-" if r.planned_tokens is None else f"{r.planned_tokens:,}",
+                  Text("not seen", style="yellow") if r.engine_tokens is None else f"{r.engine_tokens:,}", diff)
+    return t

@@ -6,8 +6,7 @@ import time
 from pathlib import Path
 
 from ..errors import RailyardError
-from ..report import console, preflight_report
-from . import load, rtask
+from . import console, load, rtask
 
 
 @rtask(help={"out": "the archive to write (default: railyard-collect-<deployment>-<stamp>.tar.gz)",
@@ -17,7 +16,7 @@ def collect(inventory=None, out=None, no_preflight=False, set_=None):
     from ..plan import layout as layouts
     from ..transport.runner import Runner
     from ..verbs.collect import collect as run
-    from ..verbs.preflight import run_preflight
+    from ..verbs.preflight import preflight_report, run_preflight
     from ..verbs.serve import build_plan
     inv = load(inventory, set_)
     con = console(stderr=True)

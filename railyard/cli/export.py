@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import UsageError
-from ..report import console
-from . import load, rtask
+from . import console, load, rtask
 
 
 @rtask(help={"to": "lws (Kubernetes LeaderWorkerSet manifests) or slurm (an sbatch script)",

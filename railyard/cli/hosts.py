@@ -7,9 +7,8 @@ from typing import Literal
 from rich.table import Table
 from rich.text import Text
 
-from ..report import console
 from ..transport.hostkeys import record, scan_all
-from . import load, rtask
+from . import console, load, rtask
 
 
 @rtask(help={"hosts": "only these hosts, comma-separated (default: all)",

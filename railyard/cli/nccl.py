@@ -5,8 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from ..report import checks_table, console, nccl_report, verdict_table
-from . import load, rtask
+from . import checks_table, console, load, rtask, verdict_table
 
 
 @rtask(help={"sizes": "message sizes, e.g. 1M,16M,256M,1G (default: nccl_check_sizes)",
@@ -14,7 +13,7 @@ from . import load, rtask
        numbers={"timeout": float})
 def nccl_check(inventory=None, sizes=None, timeout=None, json=False, set_=None):
     """All-reduce in short-lived containers before launch, over the rail (two stations) or across the GPUs of one host: transport and bandwidth."""
-    from ..verbs.nccl_check import nccl_check as run, parse_sizes
+    from ..verbs.nccl_check import nccl_check as run, nccl_report, parse_sizes
     inv = load(inventory, set_)
     if sizes:
         parse_sizes(sizes)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from ..report import console, print_checks
-from . import load, rtask
+from collections import Counter
+
+from rich.text import Text
+
+from ..checks import CheckResult
+from . import checks_table, console, load, rtask
 
 
 @rtask()
@@ -27,3 +31,23 @@ def preflight(inventory=None, json=False, set_=None):
                              if waiting else "judging"))
         results = run_preflight(inv, landed)
     return print_checks(results, False, f"railyard preflight — {inv.path.name}")
+
+
+def summary(results: list[CheckResult]) -> str:
+    c = Counter(r.status for r in results)
+    hosts = len({r.host for r in results})
+    parts = [f"{c[s]} {s}" for s in ("pass", "warn", "fail", "skip") if c[s]]
+    verdict = "FAILED" if c["fail"] else "OK"
+    return f"{verdict}: {', '.join(parts)} across {hosts} host(s)"
+
+
+def print_checks(results: list[CheckResult], as_json: bool, title: str) -> int:
+    """preflight's output: the document, or the table and a summary line; returns the exit code."""
+    from ..verbs.preflight import preflight_report
+    rep = preflight_report(results)
+    if as_json:
+        return rep.print_json()
+    con = console()
+    con.print(checks_table(results, title))
+    con.print(Text(summary(results), style="bold green" if rep.ok else "bold red"))
+    return rep.exit_code

@@ -8,8 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import UsageError
-from ..report import console, launch_report, status_report, timeline_table
-from . import JSON, live_table, load, rtask
+from . import JSON, console, live_table, load, rtask
 
 RANK_ORDER = "start order, e.g. B,A (default: workers first, then the head)"
 TIMEOUT = "seconds to wait for `Application startup complete` and /health (default: vllm_start_timeout_s)"
@@ -91,6 +90,7 @@ def launch(inventory=None, rank_order=None, dry_run=False, recreate=False, timeo
     con = console(stderr=json)  # --json: the live table on stderr, the one document on stdout
     rep = run(inv, rank_order, dry_run, recreate, timeout, rollback, live_table(con))
     if json:
+        from ..verbs.serve import launch_report
         return launch_report(rep, dry_run).print_json()
     for note in rep.plan.notes if rep.plan else ():   # what vLLM will do other than asked, without failing
         con.print(f"note: {note}", style="yellow", markup=False)
@@ -155,7 +155,7 @@ def start(inventory=None, rank_order=None, timeout=None, set_=None):
 @rtask()
 def status(inventory=None, json=False, set_=None):
     """Per service: container state, uptime, image digest, GPU memory used."""
-    from ..verbs.serve import status as run
+    from ..verbs.serve import status as run, status_report
     inv = load(inventory, set_)
     rows = run(inv)
     report = status_report(rows)
@@ -198,3 +198,33 @@ def render(inventory=None, compose=None, set_=None):
     paths = render_compose(load(inventory, set_), compose)
     console().print(f"wrote {', '.join(str(p) for p in paths)}; run `docker compose up -d` in {compose} on the host")
     return 0
+
+
+def _secs(v) -> str:
+    return "not seen" if v is None else f"{v:.1f} s"
+
+
+def timeline_table(timelines: list, title: str = "bring-up: seconds from the container's start "
+                                                 "(the previous launch's in brackets)") -> Table:
+    """One row per vLLM container: each milestone's time, `not seen`, or `n/a` where that rank has none."""
+    from ..engines.vllm import MILESTONE_LABELS, MILESTONES
+    t = Table(title=title, title_justify="left")
+    for c in ("rank", "host", "service"):
+        t.add_column(c, no_wrap=True)
+    for m in MILESTONES:
+        t.add_column(MILESTONE_LABELS[m], justify="right", no_wrap=True)
+    t.add_column("notes", overflow="fold")
+    for tl in timelines:
+        cells = []
+        for m in MILESTONES:
+            if m in tl.not_applicable:
+                cells.append(Text("n/a", style="dim"))
+                continue
+            v = tl.seconds.get(m)
+            cell = Text(_secs(v), style="yellow" if v is None else "")
+            if tl.previous is not None:
+                cell.append(f" ({_secs(tl.previous.get(m)) if m in tl.previous else '-'})", style="dim")
+            cells.append(cell)
+        t.add_row("-" if tl.rank is None else str(tl.rank), tl.host, tl.service, *cells,
+                  Text(tl.error, style="yellow") if tl.error else "")
+    return t

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
-from ..report import console, sync_report
-from . import load, rtask
+from . import console, load, rtask
 
 if TYPE_CHECKING:
     from ..verbs.sync import SyncReport
@@ -29,7 +28,7 @@ def sync_model(inventory=None, source=None, to=None, verify=None, streams=None, 
                json=False, rehash=False, bwlimit=None, set_=None, transport=None):
     """Copy the checkpoint from the head to every other rank with rsync and prove the copies equal."""
     from ..verbs.sync import SyncOptions
-    from ..verbs.sync import sync_model as run
+    from ..verbs.sync import sync_model as run, sync_report
     inv = load(inventory, set_)
     con = console(stderr=json)
     opts = SyncOptions(source, to, verify, streams, dry_run, repair, rehash, bwlimit, transport)

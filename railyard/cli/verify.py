@@ -11,22 +11,21 @@ from ..checks.nccl import passed_line
 from ..checks.nixl import NixlVerdict
 from ..errors import UsageError
 from ..plan.layout import CACHE_PROOF_AUTO
-from ..report import (NO_HOST, console, health_report, nixl_report, rdma_report, recover_report,
-                      verdict_table)
-from . import live_table, load, rtask
+from ..report import NO_HOST
+from . import console, live_table, load, rtask, verdict_table
 
 
 @rtask(help={"log": "judge this NCCL log file instead (repeatable; no SSH)"}, iterable=["log"])
 def verify_rdma(inventory=None, log=None, json=False, set_=None):
     """Prove NCCL uses GPUDirect RDMA over the rail on every rank (not a silent TCP fallback)."""
-    from ..verbs.verify import judge_files, verify_rdma as run
+    from ..verbs.verify import judge_files, rdma_report, verify_rdma as run
     if log:
         results = judge_files(list(log))
         report = rdma_report(results, host_of=lambda source: NO_HOST)  # files on this machine: no host
     else:
         plan, results = run(load(inventory, set_))
         if results and isinstance(results[0], NixlVerdict):  # the layout's own: KV blocks over NIXL, no NCCL
-            return _nixl_verdicts(results, json)
+            return _nixl_verdicts(plan, results, json)
         if not results:  # a one-host layout: no rail carries NCCL traffic
             msg = f"SKIP: layout {plan.layout} runs on one host; NCCL stays inside it, no rail to verify"
             report = rdma_report([], skipped=msg, skip_host=plan.hosts()[0], layout=plan.layout)
@@ -45,8 +44,10 @@ def verify_rdma(inventory=None, log=None, json=False, set_=None):
     return report.exit_code
 
 
-def _nixl_verdicts(verdicts: list, json_out: bool) -> int:
-    report = nixl_report(verdicts)
+def _nixl_verdicts(plan, verdicts: list, json_out: bool) -> int:
+    from ..plan import layout as layouts
+    report = layouts.by_name(plan.layout).rdma_report(verdicts)
+    assert report is not None  # a layout with its own verify_rdma has its own report of them
     if json_out:
         return report.print_json()
     con = console()
@@ -66,7 +67,7 @@ def _nixl_verdicts(verdicts: list, json_out: bool) -> int:
 
 def _health_look(inv, cache_proof: int = 0):
     """One look: (plan, ranks, probes, metrics, report)."""
-    from ..verbs.verify import health as run
+    from ..verbs.verify import health as run, health_report
     plan, ranks, probes, metrics = run(inv, cache_proof)
     return plan, ranks, probes, metrics, health_report(ranks, probes, metrics, plan.endpoint.host)
 
@@ -161,7 +162,7 @@ def recover(inventory=None, replica=None, dry_run=False, timeout=None, drain_tim
     plan, rec = run(load(inventory, set_), replica, dry_run, timeout, 300.0 if drain_timeout is None else drain_timeout,
                     None if json else live_table(con))
     if json:
-        return recover_report(plan, rec, dry_run).print_json()
+        return rec.as_report(plan, dry_run).print_json()
     title = {"none": "nothing to recover", "short": "short path: restart the replica alone",
              "long": "long path: restart LMCache and every replica", "blocked": "blocked"}[rec.path]
     con.print(Text(f"recover ({plan.deployment}): {title}", style="bold"))

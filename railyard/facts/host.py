@@ -143,12 +143,9 @@ def _gpu_cpus(topo: str, lscpu: str) -> dict[int, list[int]]:
 
 def gather(runner: Runner, hosts: list[Host], needs: set[str], count: int = 1) -> dict[str, HostFacts]:
     got = runner.each(lambda s: read(s, needs, count), hosts)
-    out = {}
-    for name, f in got.items():
-        if not isinstance(f, HostFacts):
-            f = HostFacts(runner.session(name).host, problems=[f"{name}: {f.error}"])
-        out[name] = f
-    return out
+    return {name: got.ok[name] if name in got.ok
+            else HostFacts(runner.session(name).host, problems=[f"{name}: {got.failed[name].error}"])
+            for name in got}
 
 
 @dataclass

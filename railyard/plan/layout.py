@@ -17,6 +17,7 @@ the layout has none (None):
     own_checks                           cluster-wide variables it compares itself (they may differ by host)
     final_gate(plan, runner)             after every stage is ready: a gate over the whole plan (a Proof)
     verify_rdma(inv, runner, plan)       `inv verify-rdma`'s verdicts, in place of NCCL over the rails
+    rdma_report(verdicts)                the Report of those verdicts (with verify_rdma)
     api_probes(plan, cache_proof)        `inv health`'s probes of the endpoint, in place of the generic ones
     cache_proof                          True: `inv health --cache-proof` has a shared cache to prove
     recover(inv, runner, plan, ...)      `inv recover`
@@ -34,6 +35,7 @@ from ..inventory import Host, Inventory
 from .spec import Dial, LaunchPlan
 
 if TYPE_CHECKING:
+    from ..report import Report
     from ..transport.runner import Runner
 
 _REGISTRY: dict[str, type["Layout"]] = {}
@@ -86,6 +88,9 @@ class Layout:
         return None
 
     def verify_rdma(self, inv: Inventory, runner: "Runner", plan: LaunchPlan) -> list | None:
+        return None
+
+    def rdma_report(self, verdicts: list) -> "Report | None":
         return None
 
     def api_probes(self, plan: LaunchPlan, cache_proof: int) -> Callable | None:

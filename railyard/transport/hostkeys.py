@@ -7,7 +7,6 @@ changed keys only with --replace.
 from __future__ import annotations
 
 import socket
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping
@@ -17,6 +16,7 @@ from paramiko.hostkeys import HostKeys
 
 from ..inventory import Host
 from . import fingerprint, host_key_name, known_hosts_path
+from .runner import Runner
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,12 @@ def scan_all(hosts: list[Host]) -> list[KeyStatus]:
     ssh_hosts = [h for h in hosts if not h.is_local]
     if not ssh_hosts:
         return []
-    with ThreadPoolExecutor(max_workers=min(32, len(ssh_hosts))) as pool:
-        return list(pool.map(scan, ssh_hosts))
+    with Runner(ssh_hosts) as runner:  # its bounded fan-out only: the sessions stay unopened (scan is a bare handshake)
+        got = runner.each(lambda s: scan(s.host))
+    return [got.ok[h.name] if h.name in got.ok
+            else KeyStatus(h.name, host_key_name(h), None, "unreachable", str(got.failed[h.name].error),
+                           known_hosts_path(h))
+            for h in ssh_hosts]
 
 
 def record(st: KeyStatus) -> None:

@@ -17,12 +17,14 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from . import capacity as C
+from ..checks import PASS, WARN, CheckResult
 from ..errors import LaunchError, RailyardError, UsageError
 from ..apply.timeline import applicable
 from ..render.docker import config_hash
 from ..plan.spec import LaunchPlan, Service
 from ..engines.vllm import KV_LINE, EngineKv, engine_kv
 from ..transport import Session, cmd
+from ..report import NO_HOST, Report
 
 TOLERANCE_PCT = 10.0   # a plan further than this from the engine's figure is a warn (a plan never fails)
 
@@ -188,3 +190,32 @@ def compare(plan: LaunchPlan, runner, ckpt: C.Checkpoint, a: C.Assumptions, gpu_
             mem = gpu_mem[svc.host]
         rows += rows_for(plan.layout, svc, ckpt, kv, env, [start + i for i in expected], a, mem, notes)
     return rows
+
+
+def engine_kv_report(rows: list, model: str, assumptions: dict, tolerance_pct: float) -> Report:
+    """plan --against-engine: a `kv_vs_engine` check per engine core (a plan never fails: pass within the
+    tolerance, warn beyond it, when the engine printed no figure or the plan has none); `model`,
+    `assumptions` and `engines` in data and at the top level, as plan keeps its own."""
+    checks = []
+    for r in rows:
+        what = f"{r.service} DP{r.dp_rank} ({r.shape}, {r.device or 'device not seen'})"
+        ev = (f"{r.kv_bytes_per_token_per_rank} B per token per rank, block {r.block_size}, budget {r.budget}"
+              if r.kv_bytes_per_token_per_rank else "") + (f"; engine: {r.engine_line}" if r.engine_line else "")
+        if r.engine_tokens is None:
+            checks.append(CheckResult(r.host, "kv_vs_engine", WARN, f"{what}: no KV cache size line seen", ev,
+                                      f"inv logs --rank {r.host}: is the engine up? (inv launch, inv health)"))
+        elif r.planned_tokens is None:
+            checks.append(CheckResult(r.host, "kv_vs_engine", WARN,
+                                      f"{what}: the engine printed {r.engine_tokens:,} tokens; not planned: "
+                                      + "; ".join(r.notes), ev, "pass --gpu-memory-gib, or set VLLM_CPU_KVCACHE_SPACE"))
+        else:
+            d = r.difference_pct
+            detail = f"{what}: planned {r.planned_tokens:,}, the engine printed {r.engine_tokens:,} ({d:+.2f} %)"
+            ok = abs(d) <= tolerance_pct
+            checks.append(CheckResult(r.host, "kv_vs_engine", PASS if ok else WARN, detail, ev, "" if ok else
+                                      "compare the engine's `Available KV cache memory` line with the plan's budget; "
+                                      "move --reserve-gib (--dp-reserve-gib for DP ranks) to what it shows"))
+    if not checks:
+        checks = [CheckResult(NO_HOST, "kv_vs_engine", WARN, "no engine to compare with")]
+    keep = {"model": model, "assumptions": assumptions, "engines": [r.as_dict() for r in rows]}
+    return Report(checks, dict(keep), keep)

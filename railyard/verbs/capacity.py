@@ -27,8 +27,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..checks import PASS, WARN, CheckResult
 from ..errors import RailyardError, UsageError
 from ..transport import RemotePath, Session, Sh, cmd, q
+from ..report import NO_HOST, Report
 
 HEADER_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "safetensors_headers.py"
 GIB = 1 << 30
@@ -598,3 +600,21 @@ def gather(inventory_loader, model: str | None, gpu_memory_gib: float | None,
     count = gpus if gpus is not None else found.count
     source = found.source if (gpu_memory_gib, gpus) == (None, None) else f"{found.source}, overridden by flags"
     return doc, Gpus(found.name, mem, count, source)
+
+
+def plan_report(plan_doc: dict) -> Report:
+    """plan: a `fits_<layout>` check per layout, pass or warn (a plan judges no host, so never fail);
+    `model`, `assumptions` and `layouts` stay at the top level as well (docs/plan.md)."""
+    checks = []
+    for lp in plan_doc["layouts"]:
+        detail = (f"{lp['layout']}: {lp['kv_tokens_per_gpu']:,} KV tokens per GPU, {lp['kv_tokens_per_node']:,} per "
+                  f"node, {lp['max_concurrency']:,} request(s) of the context at once")
+        ev = f"weights {lp['weights_gib_per_gpu']} GiB per GPU, KV {lp['kv_gib_per_gpu']} GiB per GPU"
+        if lp["fits"]:
+            checks.append(CheckResult(NO_HOST, f"fits_{lp['layout']}", PASS, detail, ev))
+        else:
+            checks.append(CheckResult(NO_HOST, f"fits_{lp['layout']}", WARN,
+                                      f"{lp['layout']}: does not fit: " + "; ".join(lp["notes"] or ["no KV cache"]), ev,
+                                      "a shorter --context, --kv-cache-dtype fp8, or more GPU memory"))
+    keep = {k: plan_doc[k] for k in ("model", "assumptions", "layouts")}
+    return Report(checks, dict(keep), keep)

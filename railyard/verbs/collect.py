@@ -124,8 +124,8 @@ def collect(inv: Inventory, plan: LaunchPlan | None, out: Path, preflight_doc: s
     services = plan.services() if plan else []
     with Runner(inv.hosts) as runner:
         got = runner.each(lambda s: _collect_host(s, [x for x in services if x.host == s.host.name]))
-    per_host = {h: (v if isinstance(v, dict) else {"_error": str(v.error)})
-                for h, v in got.items()}
+    per_host = {h: (got.ok[h] if h in got.ok else {"_error": str(got.failed[h].error)})
+                for h in got}
     try:
         ver = version("railyard")
     except PackageNotFoundError:

@@ -23,9 +23,11 @@ from typing import Any, Mapping
 
 from dataclasses import replace
 
+from ..checks import FAIL, PASS, CheckResult, split_fixes
 from ..errors import LaunchError, UsageError
 from ..inventory import Inventory
 from .serve import plan_and_facts
+from .verify import verdict_checks
 from ..checks.nccl import IntraVerdict, RankVerdict, judge, judge_intranode
 from ..facts.docker import inspect
 from ..render.docker import run_line
@@ -33,6 +35,7 @@ from ..transport.runner import Runner
 from ..facts.host import on_host
 from ..plan.spec import GROUP_SIZE, HEAD_ADDR, NODE_RANK, LaunchPlan, Mount, Service
 from ..transport import cmd, write_remote
+from ..report import NO_HOST, Report, host_of
 
 PROBE = Path(__file__).resolve().parent.parent / "scripts" / "nccl_probe.py"
 PROBE_CONTAINER = "railyard-nccl-check"
@@ -298,3 +301,96 @@ def parse_sizes(text: str) -> str:
     if not values or min(values) < 4:
         raise UsageError(f"--sizes {text!r}: at least one size of 4 bytes or more")
     return text
+
+
+def p2p_checks(verdict, host: str) -> list[CheckResult]:
+    """A `p2p` check for one host's ranks: pass only on channels via P2P (or NVLS in use), never SHM or NET."""
+    v = verdict
+    chans = ", ".join(f"{k} {n}" for k, n in v.channels.items()) or "none"
+    ev = (f"{v.source}: localRanks {v.local_ranks if v.local_ranks is not None else '?'}, nNodes "
+          f"{v.nodes if v.nodes is not None else '?'}, channels {chans}, NVLS {'yes' if v.nvls else 'no'}, "
+          f"NCCL {v.nccl_version or '?'}")
+    if v.verdict == PASS:
+        how = ", ".join(v.paths) or "NVLink SHARP"
+        return [CheckResult(host, "p2p", PASS, f"GPU to GPU: {sum(v.channels.values())} channel(s) via {how}"
+                            + ("; NVLink SHARP (NVLS) in use" if v.nvls and v.paths else ""), ev)]
+    detail, hint = split_fixes(v.reasons)
+    return [CheckResult(host, "p2p", FAIL, detail, ev, hint)]
+
+
+def nccl_one_host_report(rep) -> Report:
+    """nccl-check on one host: `probe` (every local rank finished), `p2p` (the intra-node transport) and
+    `bandwidth` (the largest size's bus bandwidth against nccl_check_min_busbw_gbs_intranode), all on
+    the engine's host."""
+    h = rep.host
+    checks = []
+    if rep.errors:
+        checks.append(CheckResult(h, "probe", FAIL, "; ".join(e[len(h) + 2:] if e.startswith(f"{h}: ") else e
+                                                              for e in rep.errors), "",
+                                  "the p2p row's log says more; inv status (a running engine holds the GPUs), "
+                                  "then inv nccl-check again"))
+    elif not rep.sizes:
+        checks.append(CheckResult(h, "probe", FAIL, "no all-reduce result from the probe", "", "inv nccl-check again"))
+    else:
+        checks.append(CheckResult(h, "probe", PASS, f"the all-reduce finished on {rep.local_ranks} local ranks: "
+                                                    f"{len(rep.sizes)} size(s)"))
+    if rep.transport is not None:
+        checks += p2p_checks(rep.transport, h)
+    else:
+        checks.append(CheckResult(h, "p2p", FAIL, "no NCCL log was judged"))
+    thr = rep.min_busbw_gbs
+    if not rep.sizes:
+        checks.append(CheckResult(h, "bandwidth", FAIL, "no all-reduce result to measure", "", "see the probe row"))
+    else:
+        big = rep.sizes[-1]
+        ev = f"{big.bytes} bytes in {big.time_ms:.3f} ms: algbw {big.algbw_gbs:.2f} GB/s, busbw {big.busbw_gbs:.2f} GB/s"
+        good = big.busbw_gbs >= thr
+        checks.append(CheckResult(h, "bandwidth", PASS if good else FAIL,
+                                  f"largest size's bus bandwidth {big.busbw_gbs:.1f} GB/s across {rep.local_ranks} "
+                                  f"GPUs (threshold {thr:g} GB/s)", ev,
+                                  "" if good else "judge at 1G (a small size is latency-bound); a transport other "
+                                  "than P2P (p2p row) is slower; nvidia-smi nvlink -s (links down or slow), "
+                                  "nvidia-smi topo -m (NV# between every pair), nvidia-fabricmanager on NVSwitch "
+                                  "systems; on A100/H800 or PCIe servers lower nccl_check_min_busbw_gbs_intranode"))
+    data = {k: v for k, v in rep.as_dict().items() if k != "ok"}
+    data["removed"] = list(rep.removed)
+    return Report(checks, data)
+
+
+def nccl_report(rep) -> Report:
+    """nccl-check: a `probe` check per rank (the all-reduce finished), its `rdma` verdict, and one
+    `bandwidth` check: the largest size's bus bandwidth against the threshold share of the link.
+    On one host (a OneHostReport): nccl_one_host_report."""
+    if hasattr(rep, "local_ranks"):
+        return nccl_one_host_report(rep)
+    hosts = list(dict.fromkeys(host_of(v.source) for v in rep.ranks))
+    left = list(rep.errors)
+    checks = []
+    for h in hosts:
+        mine = [e for e in left if e.startswith(f"{h}: ")]
+        left = [e for e in left if e not in mine]
+        if mine:
+            checks.append(CheckResult(h, "probe", FAIL, "; ".join(e[len(h) + 2:] for e in mine), "",
+                                      "inv preflight (rail_link, mtu, jumbo_ping), then inv nccl-check again"))
+        elif not rep.sizes:
+            checks.append(CheckResult(h, "probe", FAIL, "no all-reduce result from the probe", "",
+                                      "inv nccl-check again; the rank's log is in the rdma row"))
+        else:
+            checks.append(CheckResult(h, "probe", PASS, f"the all-reduce finished: {len(rep.sizes)} size(s)"))
+    if left:
+        checks.append(CheckResult(NO_HOST, "probe", FAIL, "; ".join(left), "", "inv nccl-check again"))
+    checks += verdict_checks(rep.ranks)
+    link, thr, frac = rep.link_speed_mbps, rep.threshold, rep.link_fraction
+    if frac is None or not rep.sizes:
+        checks.append(CheckResult(NO_HOST, "bandwidth", FAIL, "no all-reduce result to measure", "",
+                                  "see the probe rows"))
+    else:
+        big = rep.sizes[-1]
+        ev = f"{big.bytes} bytes in {big.time_ms:.2f} ms: algbw {big.algbw_gbs:.2f} GB/s, busbw {big.busbw_gbs:.2f} GB/s"
+        detail = f"largest size reached {frac * 100:.0f} % of {link} Mb/s (threshold {thr * 100:.0f} %)"
+        checks.append(CheckResult(NO_HOST, "bandwidth", PASS if frac >= thr else FAIL, detail, ev,
+                                  "" if frac >= thr else "inv preflight (link_speed, mtu), cables and transceivers; "
+                                  "a rank without GDRDMA (rdma rows) is slower too"))
+    data = {k: v for k, v in rep.as_dict().items() if k != "ok"}
+    data["removed"] = list(rep.removed)
+    return Report(checks, data)

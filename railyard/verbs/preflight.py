@@ -32,6 +32,7 @@ from ..facts.system import gdr_parts, parse_ibv_devinfo, parse_versions
 from ..inventory import Host, Inventory
 from ..transport.runner import Runner
 from ..plan.spec import Dial
+from ..report import Report
 from ..transport import Session
 
 CHECKS = ("ssh", "docker", "image", "rail_link", "rail_ip", "link_speed", "mtu", "jumbo_ping", "route",
@@ -351,10 +352,12 @@ def run_preflight(inv: Inventory, on_host=None) -> list[CheckResult]:
     """on_host(name, HostProbe or Result), if given, hears of each host as its probe lands (a progress display)."""
     with Runner(inv.hosts) as runner:
         probes: dict[str, HostProbe] = {}
-        for name, p in runner.each(lambda s: probe_host(s, inv), on_done=on_host).items():
-            if isinstance(p, HostProbe):
-                probes[name] = p
+        got = runner.each(lambda s: probe_host(s, inv), on_done=on_host)
+        for name in got:
+            if name in got.ok:
+                probes[name] = got.ok[name]
             else:  # a bug inside one host's probe: report it, keep the rest
+                p = got.failed[name]
                 assert p.error is not None  # the runner's Result for a probe that raised carries the error
                 h = inv.host(name)
                 probes[name] = HostProbe(h, None, None, CheckResult(name, "ssh", FAIL, str(p.error), "",
@@ -380,7 +383,12 @@ def port_round(runner: Runner, probes: dict[str, HostProbe], dials: list[Dial]) 
         token = new_token()
         r = s.run(joined_script([sec], token), timeout=sec.timeout + 10)
         return split_output(r.stdout, [sec], token)["ports"] if not r.error else Output(None, "")
-    for name, out in runner.each(one, todo).items():
+    got = runner.each(one, todo)
+    for name in got:
         outputs = probes[name].outputs
         assert outputs is not None  # the dials join only hosts whose probe answered (run_preflight's railed)
-        outputs["ports"] = out if isinstance(out, Output) else Output(None, "")
+        outputs["ports"] = got.ok.get(name, Output(None, ""))
+
+
+def preflight_report(results: list[CheckResult]) -> Report:
+    return Report(list(results), {})

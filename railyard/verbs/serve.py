@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..checks import FAIL, PASS, SKIP, WARN, CheckResult
 from ..errors import LaunchError, UsageError
 from ..inventory import Inventory
 from ..apply import envfiles
@@ -25,6 +26,7 @@ from ..plan.layout import Layout
 from ..facts.host import HostFacts, gather
 from ..plan.spec import LaunchPlan
 from ..transport import cmd
+from ..report import NO_HOST, Report
 
 
 def build_plan(inv: Inventory, runner: Runner | None, order: str | None = None, strict: bool = True) -> LaunchPlan:
@@ -194,3 +196,71 @@ def recover(inv: Inventory, replica: str | None, dry_run: bool, timeout: float |
             have = " or ".join(n for n in layouts.names() if type(layouts.by_name(n)).recover is not Layout.recover)
             raise UsageError(f"inv recover: layout {plan.layout} has no recover (serve_layout {have} has)")
         return plan, rec
+
+
+def uptime_text(s) -> str:
+    return "-" if s is None else f"{s:.0f} s"
+
+
+def status_report(rows: list[dict]) -> Report:
+    """One `container` check per service: pass only when it runs with the current configuration."""
+    checks = []
+    for r in rows:
+        host, svc, name, state = r["host"], r["service"], r.get("container") or r["service"], r["state"]
+        mem = r.get("gpu_memory")
+        ev = ", ".join(x for x in (
+            f"state {state}", f"up {uptime_text(r.get('uptime_s'))}" if r.get("uptime_s") is not None else "",
+            f"config {r['config'][:12]}" if r.get("config") else "",
+            f"image {r['image_id'][:19]}" if r.get("image_id") else "",
+            f"GPU {mem['used_mib']} / {mem['total_mib']} MiB" if mem else "") if x)
+        if r.get("error"):
+            checks.append(CheckResult(host, "container", FAIL, f"{svc}: {state}: {r['error']}", ev,
+                                      f"check SSH to {host} (inv preflight), then inv status again"))
+        elif not r.get("running"):
+            checks.append(CheckResult(host, "container", FAIL, f"{svc}: container {name} is {state}", ev,
+                                      "inv start (a stopped container) or inv launch"))
+        elif not r.get("config_current"):
+            checks.append(CheckResult(host, "container", FAIL,
+                                      f"{svc}: container {name} runs another configuration than the inventory's", ev,
+                                      "inv launch --recreate"))
+        elif r.get("image_id") and not r.get("pinned_digest_ok"):
+            checks.append(CheckResult(host, "container", WARN,
+                                      f"{svc}: container {name} runs, but its image is NOT the pinned digest", ev,
+                                      "docker pull the pinned vllm_image on the host, then inv launch --recreate"))
+        else:
+            checks.append(CheckResult(host, "container", PASS,
+                                      f"{svc}: container {name} running with the current configuration", ev))
+    return Report(checks, {"ranks": rows})
+
+
+def launch_report(rep, dry_run: bool = False) -> Report:
+    """launch: one `launch` check per service (pass: ready, or already running with this configuration; a
+    dry run: skip) or, when it failed, one fail naming the service; data: what ran, the gates' outcome and
+    the bring-up timeline of each vLLM container beside the previous launch's."""
+    plan = rep.plan
+    services = plan.by_rank() if plan else []
+    data = {"deployment": plan.deployment if plan else None, "layout": plan.layout if plan else None,
+            "dry_run": dry_run, "order": rep.order, "commands": rep.commands, "notes": list(plan.notes) if plan else []}
+    if dry_run:
+        checks = [CheckResult(s.host, "launch", SKIP, f"{s.name}: dry run: nothing started") for s in services]
+        return Report(checks, {**data, "hint": rep.hint or None})
+    if rep.failure:
+        checks = [CheckResult(rep.failed_rank or NO_HOST, "launch", FAIL, rep.failure, "", rep.hint)]
+    else:
+        checks = []
+        for s in services:
+            if rep.noop:
+                what = "already running with this configuration"
+            elif s.name in rep.started:
+                what = "started and ready"
+            else:
+                what = "kept (already running with this configuration) and ready"
+            gates = ", ".join(g.describe() for g in (s.started,) + tuple(s.ready))
+            checks.append(CheckResult(s.host, "launch", PASS, f"{s.name}: {what}", gates))
+    data.update({"started": rep.started, "kept": rep.kept, "noop": rep.noop, "ready_seconds":
+                 None if rep.ready_seconds is None else round(rep.ready_seconds, 2), "api": rep.api or None,
+                 "proof": rep.proof or None, "failure": rep.failure, "hint": rep.hint or None, "logs": rep.logs,
+                 "rolled_back": rep.rolled_back, "timeline": [t.as_dict() for t in rep.timeline],
+                 "timeline_file": rep.timeline_file or None, "timeline_previous": rep.timeline_previous,
+                 "timeline_note": rep.timeline_note or None})
+    return Report(checks, data)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import checks as C
+from ..checks import FAIL, PASS, SKIP, CheckResult
 from ..checks.net import check_ssh_peer
 from . import rsyncd
 from ..errors import UsageError
@@ -31,6 +32,7 @@ from ..facts.net import ssh_peer_section
 from ..facts.probe import joined_script, new_token, split_output
 from ..transport.runner import Runner
 from ..transport import RemotePath, Session, Sh, cmd, q, quote_text
+from ..report import Report
 
 MANIFEST_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "manifest.py"
 EXCLUDE = ".cache/"
@@ -438,8 +440,8 @@ def _targets(inv: Inventory, opts: SyncOptions) -> tuple[Host, list[Host]]:
 
 def _manifests(runner: Runner, hosts: list[Host], v: dict, mode: str, rehash: bool) -> dict[str, Manifest]:
     got = runner.each(lambda s: read_manifest(s, v["model_path"], mode, rehash, v["sync_timeout_s"]), hosts)
-    return {name: m if isinstance(m, Manifest) else Manifest(name, False, {}, error=str(m.error))
-            for name, m in got.items()}
+    return {name: got.ok[name] if name in got.ok else Manifest(name, False, {}, error=str(got.failed[name].error))
+            for name in got}
 
 
 def _peer_check(runner: Runner, source: Host, targets: list[Host]) -> C.CheckResult:
@@ -606,13 +608,14 @@ def _start_daemons(runner, source, work, v, opts, daemons, results) -> list[Host
                                                            s.host.vars["sync_rsyncd_port"]), work)
     ok = []
     for t in work:
-        d, r = started[t.name], got[t.name]
+        d = started[t.name]
         if d.port and not d.error:
             ok.append(t)
         elif d.error:  # the daemon's own line and its fix
             results[t.name].errors.append(d.error)
             results[t.name].hint = d.hint
         else:  # a bug in its start, caught by Runner.each
+            r = got.failed[t.name]
             results[t.name].errors.append(f"{t.name}: rsync daemon: {r.error.message}")
             results[t.name].hint = r.error.hint
     return ok
@@ -680,3 +683,54 @@ def report_json(rep: SyncReport) -> dict:
         })
     return {"ok": rep.ok, "source": rep.source, "verify": rep.verify, "transport": rep.transport, "dry_run": rep.dry_run,
             "failure": rep.failure, "hint": rep.hint, "notes": rep.notes, "commands": rep.commands, "hosts": hosts}
+
+
+def sync_report(rep) -> Report:
+    """sync-model: a `model` check per host (the checkpoint's own files) and a `sync` check per target
+    (copied and equal to the source); a dry run skips them, a stop before copying is one fail."""
+    data = {k: v for k, v in report_json(rep).items() if k != "ok"}
+    src_name = rep.source
+    if rep.failure:
+        return Report([CheckResult(src_name, "sync", FAIL, rep.failure, "", rep.hint)], data)
+    if rep.dry_run:
+        checks = []
+        for t in rep.targets:
+            c = rep.copies.get(t)
+            p = c.plan if c else None
+            what = (f"would send {len(p.send)} file(s), resume {len(p.resume)}, {p.equal} already equal, "
+                    f"{p.bytes} bytes" if p else f"{src_name} has no checkpoint yet: would download it first")
+            checks.append(CheckResult(t, "sync", SKIP, f"dry run: {what}; nothing copied or verified"))
+        return Report(checks, data)
+    checks = []
+    src = rep.manifests.get(src_name)
+    for name in [src_name] + rep.targets:
+        m = rep.manifests.get(name)
+        problems = rep.model.get(name, [])
+        if problems:
+            checks.append(CheckResult(name, "model", FAIL, "; ".join(problems), "",
+                                      "fix the checkpoint on the source (or download it again), then inv sync-model"
+                                      + (" --repair" if name != src_name else "")))
+        elif m is not None:
+            arch = ", ".join((m.config or {}).get("architectures") or []) if isinstance(m.config, dict) else ""
+            checks.append(CheckResult(name, "model", PASS, "config.json and the shard index are valid",
+                                      f"{len(m.files)} files, {m.total_bytes} bytes" + (f"; {arch}" if arch else "")))
+    how = "sha256 of every file" if rep.verify == "content" else "names and sizes only (content not compared)"
+    for t in rep.targets:
+        c, m, diffs = rep.copies.get(t), rep.manifests.get(t), rep.differences.get(t, [])
+        sent = "" if c is None else ("nothing sent" if not c.bytes_sent else f"{c.bytes_sent} bytes sent in {c.seconds:.1f} s")
+        if c is not None and c.errors:
+            checks.append(CheckResult(t, "sync", FAIL, "copy failed: " + "; ".join(c.errors), sent,
+                                      rep.hint or "run sync-model again: finished files are not sent again"))
+        elif m is None or src is None or m.error or src.error:
+            why = (m.error if m else None) or (src.error if src else None) or "no manifest"
+            checks.append(CheckResult(t, "sync", FAIL, f"not compared with {src_name}: {why}", sent,
+                                      "fix SSH or python3 on the host, then inv sync-model again"))
+        elif diffs:
+            shown = "; ".join(str(d) for d in diffs[:5]) + (f"; ... {len(diffs) - 5} more" if len(diffs) > 5 else "")
+            checks.append(CheckResult(t, "sync", FAIL, f"{len(diffs)} difference(s) from {src_name}: {shown}", sent,
+                                      "inv sync-model --repair re-sends exactly those files"))
+        else:
+            fixed = rep.repaired.get(t)
+            checks.append(CheckResult(t, "sync", PASS, f"{len(m.files)} files equal to {src_name} by {how}",
+                                      sent + (f"; repaired {len(fixed)}" if fixed else "")))
+    return Report(checks, data)

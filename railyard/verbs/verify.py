@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+from ..checks import FAIL, PASS, SKIP, WARN, CheckResult, split_fixes
 from ..errors import UsageError
 from ..inventory import Inventory
-from .serve import build_plan
+from .serve import build_plan, uptime_text
 from ..checks.health import CHAT_PROBE, Probe, RankHealth, judge_answer
 from ..checks.nccl import RankVerdict, judge
 from ..facts.docker import inspect, log_tail, uptime
@@ -37,6 +39,7 @@ from ..facts.host import gpu_usage
 from ..plan.spec import Endpoint, LaunchPlan, Service
 from ..engines.vllm import metric_engines, parse_kv_cache, summarize_metrics
 from ..transport import Session, cmd
+from ..report import NO_HOST, Report, host_of
 
 NCCL_LIB_PY = ("import os, nvidia.nccl as n; p = os.path.join(list(n.__path__)[0], 'lib', 'libnccl.so.2'); "
                "print(p if os.path.exists(p) else 'missing ' + p)")
@@ -171,8 +174,8 @@ def verify_rdma(inv: Inventory) -> tuple[LaunchPlan, list]:
         got = runner.each(lambda s: [v for svc in plan.on_host(s.host.name) for v in verify_rank(s, svc)])
     out = []
     for h in plan.report_hosts():
-        res = got[h]
-        out.extend(res if isinstance(res, list) else [RankVerdict(h, "fail", None, False, [], None, [], [str(res.error)])])
+        out.extend(got.ok[h] if h in got.ok else
+                   [RankVerdict(h, "fail", None, False, [], None, [], [str(got.failed[h].error)])])
     return plan, out
 
 
@@ -231,9 +234,8 @@ def health(inv: Inventory, cache_proof: int = 0) -> tuple[LaunchPlan, list[RankH
         got = runner.each(lambda s: [_service_health(s, svc) for svc in plan.on_host(s.host.name)])
         ranks = []
         for h in plan.report_hosts():
-            res = got[h]
-            ranks += res if isinstance(res, list) else [
-                RankHealth(h, svc.rank, svc.name, "unreachable", None, None, None, False, [str(res.error)])
+            ranks += got.ok[h] if h in got.ok else [
+                RankHealth(h, svc.rank, svc.name, "unreachable", None, None, None, False, [str(got.failed[h].error)])
                 for svc in plan.on_host(h)]
         api_probes = layout.api_probes(plan, cache_proof)
         if api_probes is not None:
@@ -340,3 +342,67 @@ def _engine_probes(s: Session, svc: Service, metrics_text: str) -> tuple[list[Pr
                   (f"engine labels {', '.join(sorted(engines)) or 'none'}" if metrics_text else "no /metrics")
                   + (f"; missing {', '.join(absent)}" if absent and metrics_text else ""))], kv
 
+
+PROBE_CHECKS = {"/health": "api_health", "/v1/models": "api_models", "chat completion": "api_chat",
+                "/metrics": "api_metrics", "KV cache per DP rank": "kv_per_dp_rank",
+                "engines in /metrics": "metrics_engines"}
+
+
+def _slug(name: str) -> str:
+    return PROBE_CHECKS.get(name) or re.sub(r"\W+", "_", name).strip("_").lower()
+
+
+def health_report(ranks: list, probes: list, metrics: dict, endpoint_host: str) -> Report:
+    """One `service` check per service (running, on its GPUs), one per API probe of the endpoint."""
+    checks = []
+    for r in ranks:
+        ev = f"state {r.state}, up {uptime_text(r.uptime_s)}" + (
+            f", GPU memory {r.gpu_used_mib} MiB" if r.gpu_used_mib is not None else "")
+        if r.ok:
+            checks.append(CheckResult(r.host, "service", PASS, f"{r.service}: {r.state}" + (
+                f", {r.serving_process} on its GPU" if r.serving_process else ""), ev))
+        elif any(x.startswith("hung:") for x in r.reasons):
+            checks.append(CheckResult(r.host, "service", FAIL, f"{r.service}: " + "; ".join(r.reasons), ev,
+                                      f"on {r.host}, ps -o pid,stat,cmd -p PID shows it; kill -CONT PID resumes "
+                                      "what was stopped; otherwise inv stop and inv launch --recreate"))
+        else:
+            checks.append(CheckResult(r.host, "service", FAIL, f"{r.service}: " + "; ".join(r.reasons), ev,
+                                      f"inv logs --rank {r.host} --lines 50 says why; then inv stop and "
+                                      "inv launch --recreate"))
+    for p in probes:
+        ev = f"{p.name}" + (f" in {p.ms:.0f} ms" if p.ms else "")
+        checks.append(CheckResult(endpoint_host, _slug(p.name), PASS if p.ok else FAIL, p.detail, ev,
+                                  "" if p.ok else f"inv status, then inv logs --rank {endpoint_host} --lines 50"))
+    return Report(checks, {"ranks": [asdict(r) for r in ranks], "probes": [asdict(p) for p in probes],
+                           "metrics": metrics})
+
+
+def verdict_checks(verdicts: list, host_of=host_of) -> list[CheckResult]:
+    """An `rdma` check per judged NCCL log: pass only on IB channels with GDRDMA on the rail's HCA."""
+    out = []
+    for v in verdicts:
+        ev = (f"{v.source}: transport {v.net_transport or 'none seen'}, GDRDMA {'yes' if v.gdrdma else 'no'}, "
+              f"HCAs {', '.join(v.hcas) or '-'}, NCCL {v.nccl_version or '?'}")
+        if v.verdict == PASS:
+            out.append(CheckResult(host_of(v.source), "rdma", PASS,
+                                   f"inter-node channels over {v.net_transport} with GPUDirect RDMA on "
+                                   f"{', '.join(v.hcas) or 'the rail'}", ev))
+            if v.notes:  # what no channel runs over yet: a warning beside the pass
+                detail, hint = split_fixes(v.notes)
+                out.append(CheckResult(host_of(v.source), "rdma", WARN, detail, ev, hint))
+            continue
+        detail, hint = split_fixes(v.reasons)
+        out.append(CheckResult(host_of(v.source), "rdma", FAIL, detail, ev, hint))
+    return out
+
+
+def rdma_report(verdicts: list, skipped: str | None = None, skip_host: str = NO_HOST, layout: str | None = None,
+                host_of=host_of) -> Report:
+    """verify-rdma: a check per rank verdict; a one-host layout is one `skip` (nothing crossed a rail)."""
+    if skipped is not None:
+        return Report([CheckResult(skip_host, "rdma", SKIP, skipped)],
+                      {"ranks": [], "skipped": skipped, "layout": layout})
+    checks = verdict_checks(verdicts, host_of)
+    if not checks:  # nothing judged is never a pass
+        checks = [CheckResult(NO_HOST, "rdma", FAIL, "no NCCL log was judged")]
+    return Report(checks, {"ranks": [v.as_dict() for v in verdicts]})

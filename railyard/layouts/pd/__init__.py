@@ -41,6 +41,7 @@ from ...engines.vllm import (KV_LINE, NCCL_SO_SETUP, NO_EXPANDABLE_SEGMENTS, REA
                              all2all_problem, nccl_env, serve_command, service_env_path)
 
 if TYPE_CHECKING:
+    from ...report import Report
     from ...transport.runner import Runner
 
 POOLS = ("prefill", "decode")
@@ -138,6 +139,10 @@ class Pd(Layout, name="pd"):
     def verify_rdma(self, inv: Inventory, runner: Runner, plan: LaunchPlan) -> list:
         from .verify import verify_nixl
         return verify_nixl(inv, runner, plan)
+
+    def rdma_report(self, verdicts: list) -> Report:
+        from .verify import nixl_report
+        return nixl_report(verdicts)
 
     def api_probes(self, plan: LaunchPlan, cache_proof: int) -> Callable:
         from .health import api_probes

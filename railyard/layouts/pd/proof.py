@@ -81,13 +81,9 @@ def each_service(runner: Runner, services: list[Service], fn) -> tuple[dict, dic
     got = runner.each(lambda s: {x.name: fn(s, x) for x in services if x.host == s.host.name},
                       [runner.session(h).host for h in dict.fromkeys(x.host for x in services)])
     out: dict = {}
-    errors: dict = {}
-    for host, res in got.items():
-        if isinstance(res, dict):
-            out.update(res)
-        else:
-            errors[host] = str(res.error)
-    return out, errors
+    for res in got.ok.values():
+        out.update(res)
+    return out, {host: str(r.error) for host, r in got.failed.items()}
 
 
 def xfer_count(s: Session, svc: Service) -> float | None:

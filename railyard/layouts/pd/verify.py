@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 
+from ...checks import FAIL, PASS, CheckResult, split_fixes
 from ...checks.nixl import NixlVerdict, judge as judge_ucx
 from ...facts.docker import inspect, log_tail
 from ...inventory import Inventory
 from ...plan.spec import LaunchPlan, Service
 from ...transport import Session, cmd
+from ...report import NO_HOST, Report, host_of
 from ...transport.runner import Runner
 from . import members
 from .proof import each_service, exercise
@@ -39,3 +41,19 @@ def verify_nixl(inv: Inventory, runner: Runner, plan: LaunchPlan) -> list[NixlVe
                                     lambda s, x: _instance(s, x, [r.hca for r in inv.host(x.host).rails.values()]))
     return [got[x.name] for x in instances if x.name in got] + [NixlVerdict(h, "fail", None, [], [why])
                                                                 for h, why in unreachable.items()]
+
+
+def nixl_report(verdicts: list) -> Report:
+    """verify-rdma on the pd layout: a `nixl` check per instance (KV blocks over RDMA on the rails)."""
+    checks = []
+    for v in verdicts:
+        ev = f"{v.source}: transport {v.transport or 'none seen'}, devices {', '.join(v.devices) or '-'}"
+        if v.verdict == PASS:
+            checks.append(CheckResult(host_of(v.source), "nixl", PASS,
+                                      f"UCX over {', '.join(v.devices)} (RDMA on the rail)", ev))
+        else:
+            detail, hint = split_fixes(v.reasons)
+            checks.append(CheckResult(host_of(v.source), "nixl", FAIL, detail, ev, hint))
+    if not checks:
+        checks = [CheckResult(NO_HOST, "nixl", FAIL, "no instance was judged")]
+    return Report(checks, {"instances": [v.as_dict() for v in verdicts]})

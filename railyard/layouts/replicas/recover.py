@@ -34,6 +34,8 @@ from ...transport.http import parse_metrics, request
 from ...apply.executor import LaunchReport, Show, run_stages
 from ...apply.lock import HeadLock, lock_host
 from ...inventory import Inventory
+from ...checks import FAIL, PASS, CheckResult
+from ...report import Report
 
 DRAIN_FILE = "drained"
 
@@ -182,6 +184,10 @@ class Recovery:
     @property
     def ok(self) -> bool:
         return not self.failure and self.path != "blocked"
+
+    def as_report(self, plan: LaunchPlan, dry_run: bool) -> Report:
+        """`inv recover --json`'s document: recover_report."""
+        return recover_report(plan, self, dry_run)
 
 
 def _views(s: Session, plan: LaunchPlan, state: GpuState) -> list[ReplicaView]:
@@ -373,3 +379,19 @@ def recover(inv: Inventory, runner: Runner, plan: LaunchPlan, replica: str | Non
     with HeadLock(runner.session(lock_host(inv)), "inv recover"):
         return execute(plan, runner, rec, util, float(timeout or v["vllm_start_timeout_s"]), drain_timeout, show,
                        router_wait)
+
+
+def recover_report(plan, rec, dry_run: bool) -> Report:
+    """`inv recover`: one `recover` check on the layout's host (pass: recovered, nothing to do, or a dry
+    run that can proceed); data: the path, why, the steps and what was done."""
+    host = plan.endpoint.host
+    if rec.failure or rec.path == "blocked":
+        status, detail = FAIL, rec.failure or "; ".join(rec.why)
+    else:
+        status = PASS
+        detail = {"none": "nothing to recover", "short": "short path", "long": "long path"}[rec.path] + (
+            " (dry run)" if dry_run and rec.path != "none" else "") + (f": {', '.join(rec.replicas)}" if rec.replicas else "")
+    check = CheckResult(host, "recover", status, detail, "; ".join(rec.why),
+                        "" if status == PASS else "inv status; inv logs --rank SERVICE --lines 50")
+    return Report([check], {"path": rec.path, "replicas": rec.replicas, "why": rec.why, "steps": rec.steps,
+                            "done": rec.done, "failure": rec.failure or None, "dry_run": dry_run})
