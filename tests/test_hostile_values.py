@@ -131,3 +131,25 @@ def test_a_refused_hostile_value_is_one_line_at_the_command_line(tmp_path):
                 "--set", f"vllm_container={json.dumps(hostile(canary))}")
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "vllm_container" in r.stderr and not canary.exists()
+
+
+def test_a_hostile_nccl_debug_file_stays_a_glob_in_verify_rdmas_script(tmp_path):
+    """verify-rdma and collect read the NCCL logs inside the container with `sh -c 'for f in GLOB ...'`:
+    the value of NCCL_DEBUG_FILE (vllm_extra_env may set it) is quoted there, only %h and %p become `*`."""
+    from railyard.verbs.verify import nccl_log_glob
+    canary = tmp_path / "pwned"
+    logs = tmp_path / "l o g s"
+    logs.mkdir()
+    (logs / "nccl_A_7.log").write_text("x")
+    (logs / "other.txt").write_text("x")
+    inv = load_inventory(ROOT / "inventory" / "dgx-stations.yml")
+    for value, found in ((f"{logs}/nccl_%h_%p.log", ["nccl_A_7.log"]),
+                         (f"{logs}/$(touch {canary})_%p;touch {canary}`touch {canary}`.log", [])):
+        inv = load_inventory(ROOT / "inventory" / "dgx-stations.yml",
+                             [f"vllm_extra_env={json.dumps({'NCCL_DEBUG_FILE': value})}"])
+        svc = layouts.validated(inv).plan(inv, facts_for(inv)).services()[0]
+        assert dict(svc.spec.env)["NCCL_DEBUG_FILE"] == value
+        script = f'for f in {nccl_log_glob(svc)}; do [ -e "$f" ] && basename "$f"; done; true'
+        r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=10)
+        assert r.returncode == 0 and r.stdout.split() == found, (value, r)
+    assert not canary.exists()

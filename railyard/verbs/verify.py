@@ -38,7 +38,7 @@ from ..plan import layout as layouts
 from ..facts.host import gpu_usage
 from ..plan.spec import Endpoint, LaunchPlan, Service
 from ..engines.vllm import metric_engines, parse_kv_cache, summarize_metrics
-from ..transport import Session, cmd
+from ..transport import Session, Sh, cmd, q
 from ..report import NO_HOST, Report, host_of
 
 NCCL_LIB_PY = ("import os, nvidia.nccl as n; p = os.path.join(list(n.__path__)[0], 'lib', 'libnccl.so.2'); "
@@ -87,9 +87,11 @@ def judge_files(paths: list[str]) -> list[RankVerdict]:
     return out
 
 
-def nccl_log_glob(svc: Service) -> str:
-    """The container's NCCL_DEBUG_FILE as a shell glob (%h and %p become *)."""
-    return re.sub(r"%[hp]", "*", str(dict(svc.spec.env).get("NCCL_DEBUG_FILE", "/tmp/nccl_%h_%p.log")))
+def nccl_log_glob(svc: Service) -> Sh:
+    """The container's NCCL_DEBUG_FILE as a shell glob: %h and %p become `*`, every other character is
+    quoted (a value from the inventory stays a value inside the container's `sh -c`)."""
+    path = re.sub(r"%[hp]", "*", str(dict(svc.spec.env).get("NCCL_DEBUG_FILE", "/tmp/nccl_%h_%p.log")))
+    return Sh("*".join(q(part) if part else "" for part in path.split("*")))
 
 
 def _version_tuple(v: str | None) -> tuple:
