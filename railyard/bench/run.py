@@ -29,6 +29,7 @@ from typing import Any
 
 from invoke.exceptions import ThreadException
 
+from ..apply.executor import Show
 from ..verbs import serve as launching
 from ..errors import UsageError
 from ..inventory import Inventory, load_inventory
@@ -345,15 +346,15 @@ def _host_dir(s: Session, path: str) -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
-def _relaunch(inv: Inventory, timeout: float | None, console, what: str) -> None:
+def _relaunch(inv: Inventory, timeout: float | None, show: Show | None, what: str) -> None:
     launching.env(inv, False)
-    rep = launching.launch(inv, None, False, True, timeout, False, console)
+    rep = launching.launch(inv, None, False, True, timeout, False, show)
     if not rep.ok:
         raise BenchError(f"{what}: the launch failed on {rep.failed_rank or '-'}"
                          f"{' (' + rep.failed_service + ')' if rep.failed_service else ''}: {rep.failure}")
 
 
-def bench(inv: Inventory, opts: Options, overrides=None, console=None, log=print) -> dict:
+def bench(inv: Inventory, opts: Options, overrides=None, show: Show | None = None, log=print) -> dict:
     """Run the benchmark, write bench/<deployment>/<stamp>/ (AIPerf's exports per c<C>, summary.json,
     the PNG plots) and return the summary."""
     if (opts.where or inv.head.vars.get("bench_where") or "control") == "control":
@@ -375,14 +376,14 @@ def bench(inv: Inventory, opts: Options, overrides=None, console=None, log=print
                 label = f"{var.removeprefix('vllm_')}={v}"
                 log(f"bench: {label}: relaunching")
                 swept = load_inventory(inv.path, list(overrides or []) + [f"{var}={v}"])
-                _relaunch(swept, opts.start_timeout, console, label)
+                _relaunch(swept, opts.start_timeout, show, label)
                 plan, pts = _series(swept, opts, root / label, label, log)
                 series.append(Series(label, var, v, pts))
     finally:
         if opts.sweep is not None:
             log("bench: restoring the original configuration")
             try:
-                _relaunch(inv, None, console, "restore")  # the inventory's own start timeout
+                _relaunch(inv, None, show, "restore")  # the inventory's own start timeout
                 restored = True
             except BaseException as e:  # the restore's own failure is reported, never hidden
                 restored = False

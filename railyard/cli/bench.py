@@ -18,7 +18,7 @@ from ..bench.slo import parse_slos
 from ..checks import FAIL, PASS, WARN, CheckResult
 from ..errors import InventoryError, UsageError
 from ..report import NO_HOST, Report
-from . import console, load, rtask
+from . import console, live_table, load, rtask
 
 COLUMNS = (  # header, metric, format
     ("overall tok/s", "output_tok_s", "{:.1f}"),
@@ -169,7 +169,7 @@ def bench(inventory=None, concurrency=None, isl=None, osl=None, isl_stddev=0, os
                    sweep=swept, compare=load_compare(compare) if compare else None,
                    out=Path(out or "bench"), tokenizer=tokenizer, start_timeout=timeout, where=where)
     err = console(stderr=True)
-    summary = run(inv, opts, set_, err if not json else None, log=lambda m: err.print(m, style="dim",
+    summary = run(inv, opts, set_, live_table(err) if not json else None, log=lambda m: err.print(m, style="dim",
                                                                                       highlight=False))
     rep = report(summary, require)
     if json:
