@@ -13,8 +13,6 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from ..bench.aiperf import Load, check_usage
-from ..bench.slo import parse_slos
 from ..checks import FAIL, PASS, WARN, CheckResult
 from ..errors import InventoryError, UsageError
 from ..report import NO_HOST, Report
@@ -140,6 +138,8 @@ def bench(inventory=None, concurrency=None, isl=None, osl=None, isl_stddev=0, os
           prefix_prompts=0, prefix_length=0, warmup=3, requests=10, seed=1, slo=None, require=False, sweep=None,
           compare=None, out=None, tokenizer=None, timeout=None, json=False, set_=None, where=None):
     """Benchmark the endpoint with AIPerf: a table per concurrency, SLO verdicts, PNG plots, sweeps of launch flags."""
+    from ..bench.aiperf import Load, check_usage
+    from ..bench.slo import parse_slos
     from ..bench.run import Options, bench as run, load_compare, parse_concurrency, parse_sweep
     inv = load(inventory, set_)
     slos = parse_slos(slo or [])

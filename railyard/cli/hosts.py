@@ -7,7 +7,6 @@ from typing import Literal
 from rich.table import Table
 from rich.text import Text
 
-from ..transport.hostkeys import record, scan_all
 from . import console, load, rtask
 
 
@@ -15,6 +14,7 @@ from . import console, load, rtask
              "accept": "record keys not yet in known_hosts", "replace": "replace keys that CHANGED (verify first!)"})
 def trust_hosts(inventory=None, hosts=None, accept=False, replace=False, set_=None):
     """Show each host's SSH host key fingerprint; record it only with --accept (or --replace)."""
+    from ..transport.hostkeys import record, scan_all
     inv = load(inventory, set_)
     statuses = scan_all(inv.select(hosts))
     t = Table(title="SSH host keys", title_justify="left")

@@ -7,10 +7,7 @@ import time
 from rich.table import Table
 from rich.text import Text
 
-from ..checks.nccl import passed_line
-from ..checks.nixl import NixlVerdict
 from ..errors import UsageError
-from ..plan.layout import CACHE_PROOF_AUTO
 from ..report import NO_HOST
 from . import console, live_table, load, rtask, verdict_table
 
@@ -18,6 +15,8 @@ from . import console, live_table, load, rtask, verdict_table
 @rtask(help={"log": "judge this NCCL log file instead (repeatable; no SSH)"}, iterable=["log"])
 def verify_rdma(inventory=None, log=None, json=False, set_=None):
     """Prove NCCL uses GPUDirect RDMA over the rail on every rank (not a silent TCP fallback)."""
+    from ..checks.nccl import passed_line
+    from ..checks.nixl import NixlVerdict
     from ..verbs.verify import judge_files, rdma_report, verify_rdma as run
     if log:
         results = judge_files(list(log))
@@ -120,6 +119,7 @@ def health(inventory=None, json=False, watch=None, cache_proof=False, proof_word
     """Services up and on their GPUs; the endpoint's /health, /v1/models, a real chat completion, /metrics."""
     proof = 0
     if cache_proof:
+        from ..plan.layout import CACHE_PROOF_AUTO
         proof = CACHE_PROOF_AUTO if proof_words is None else proof_words
     inv = load(inventory, set_)
     if not watch:
