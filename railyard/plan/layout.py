@@ -101,7 +101,7 @@ class Layout:
         return None
 
 
-__all__ = ["CACHE_PROOF_AUTO", "Layout", "Proof", "by_name", "get", "names", "validated"]
+__all__ = ["CACHE_PROOF_AUTO", "Layout", "Proof", "by_name", "get", "names", "names_where", "validated"]
 
 
 def _registry() -> dict[str, type[Layout]]:
@@ -113,6 +113,11 @@ def _registry() -> dict[str, type[Layout]]:
 def names() -> tuple[str, ...]:
     """The values serve_layout takes."""
     return tuple(_registry())
+
+
+def names_where(able: Callable[[type[Layout]], bool]) -> tuple[str, ...]:
+    """The layouts whose class can do something (`able(cls)`): what an error names as the ones that can."""
+    return tuple(n for n, cls in _registry().items() if able(cls))
 
 
 def by_name(name: str) -> Layout:

@@ -193,7 +193,7 @@ def recover(inv: Inventory, replica: str | None, dry_run: bool, timeout: float |
         rec = layouts.by_name(plan.layout).recover(inv, runner, plan, replica, dry_run, timeout, drain_timeout,
                                                    show)
         if rec is None:
-            have = " or ".join(n for n in layouts.names() if type(layouts.by_name(n)).recover is not Layout.recover)
+            have = " or ".join(layouts.names_where(lambda cls: cls.recover is not Layout.recover))
             raise UsageError(f"inv recover: layout {plan.layout} has no recover (serve_layout {have} has)")
         return plan, rec
 

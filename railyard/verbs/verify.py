@@ -229,7 +229,7 @@ def health(inv: Inventory, cache_proof: int = 0) -> tuple[LaunchPlan, list[RankH
     the generic ones. cache_proof: the words of `--cache-proof`'s prompt, for a layout with a shared cache."""
     layout = layouts.get(inv)
     if cache_proof and not layout.cache_proof:
-        have = " or ".join(n for n in layouts.names() if layouts.by_name(n).cache_proof)
+        have = " or ".join(layouts.names_where(lambda cls: cls.cache_proof))
         raise UsageError(f"--cache-proof: layout {layout.name} has no shared cache (serve_layout {have} has)")
     with Runner(layout.hosts(inv)) as runner:
         plan = build_plan(inv, runner, strict=False)
