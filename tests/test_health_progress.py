@@ -17,11 +17,14 @@ import subprocess
 import time
 
 from railyard.checks.health import Probe, RankHealth
+from railyard.engines import by_name
 from railyard.verbs import verify
 from railyard.inventory import Host
 from railyard.facts.host import PROC_STATES
 from railyard.plan.spec import Endpoint
 from railyard.testing import FakeSession
+
+VLLM = by_name("vllm")
 
 EP = Endpoint("head", "A", "127.0.0.1", 8000, "", "railyard-lab/tiny-qwen3")
 ANSWER = ('{"choices": [{"finish_reason": "length", "message": {"content": "Ready ready ready"}}], '
@@ -60,7 +63,7 @@ def by_name(probes):
 
 def test_no_token_and_unmoved_counters_while_health_answers_is_hung_with_the_evidence():
     s = session([exposition(812, 4096), exposition(812, 4096), exposition(812, 4096)], [(0, "")])
-    probes = by_name(verify._api_probes(s, EP)[0])
+    probes = by_name(verify._api_probes(s, EP, VLLM)[0])
     assert probes["/health"].ok
     hung = probes["progress"]
     assert not hung.ok
@@ -73,7 +76,7 @@ def test_no_token_and_unmoved_counters_while_health_answers_is_hung_with_the_evi
 
 def test_no_token_but_moving_counters_is_busy_and_asked_again_for_the_rest_of_the_limit():
     s = session([exposition(812, 4096), exposition(9000, 5120), exposition(9100, 5136)], [(0, ""), (200, ANSWER)])
-    probes = by_name(verify._api_probes(s, EP)[0])
+    probes = by_name(verify._api_probes(s, EP, VLLM)[0])
     assert "progress" not in probes and probes["chat completion"].ok
     chats = [c for c in s.calls if "/v1/chat/completions" in c]
     assert [re.search(r"--max-time (\d+)", c).group(1) for c in chats] == ["20", "100"]
@@ -82,7 +85,7 @@ def test_no_token_but_moving_counters_is_busy_and_asked_again_for_the_rest_of_th
 def test_vllm_hung_after_s_sets_how_long_the_probe_waits_before_the_counters_are_read_again():
     s = session([exposition(812, 4096), exposition(9000, 5120), exposition(9100, 5136)], [(0, ""), (200, ANSWER)],
                 hosts_vars={"vllm_hung_after_s": 5})
-    verify._api_probes(s, EP)
+    verify._api_probes(s, EP, VLLM)
     chats = [c for c in s.calls if "/v1/chat/completions" in c]
     assert [re.search(r"--max-time (\d+)", c).group(1) for c in chats] == ["5", "115"]   # the two minutes kept
 
@@ -90,7 +93,7 @@ def test_vllm_hung_after_s_sets_how_long_the_probe_waits_before_the_counters_are
 def test_counters_that_cannot_be_read_give_no_hung_verdict():
     s = session([], [(0, "")])
     s.rules.insert(0, (re.compile(r"/metrics$"), _metrics_then_error()))
-    probes = by_name(verify._api_probes(s, EP)[0])
+    probes = by_name(verify._api_probes(s, EP, VLLM)[0])
     assert not probes["progress"].ok and "hung" not in probes["progress"].detail
     assert probes["progress"].detail == "its token counters could not be read twice from /metrics"
 

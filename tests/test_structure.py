@@ -1,11 +1,13 @@
 """The layout of the code: a layout is one folder under railyard/layouts/, found by one registry, and
-the generic folders name no layout (what a layout knows beyond its plan is one of its hooks)."""
+the generic folders name no layout (what a layout knows beyond its plan is one of its hooks) and import no
+engine (what they read from an engine is railyard.engines' contract, asked of the service's engine)."""
 
 import ast
 import io
 import re
 import tokenize
 
+from railyard import engines
 from railyard.plan import layout as layouts
 
 from .conftest import ROOT
@@ -85,3 +87,32 @@ def test_the_check_sees_a_layout_named_in_generic_code(tmp_path):
                  'if plan.layout == "replicas":\n    dp_ep = 1\n')
     assert sorted((how, w) for _, w, how in layout_words(f)) == [
         ("import", "layouts.pd"), ("name", "dp_ep"), ("name", "pd"), ("string", "replicas")]
+
+
+def engine_imports(path):
+    """(line, module) for every import of one engine's module (railyard.engines.<name>) in the file."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if re.search(r"(^|\.)engines\.\w+", mod):
+                yield node.lineno, mod
+            elif re.search(r"(^|\.)engines$", mod) or (node.level and not mod):
+                yield from ((node.lineno, f"{mod}.{a.name}") for a in node.names if a.name in engines.names())
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names if re.search(r"(^|\.)engines\.\w+", a.name))
+
+
+def test_the_generic_folders_import_no_engine():
+    assert engines.names() == ("vllm",)
+    seen = [f"railyard/{path.relative_to(PKG)}:{line}: imports {mod}"
+            for path in generic_files() if str(path.relative_to(PKG)) not in PLANNER
+            for line, mod in engine_imports(path)]
+    assert not seen, "a generic module imports an engine (ask railyard.engines.of(service)):\n" + "\n".join(seen)
+
+
+def test_the_check_sees_an_engine_imported_in_generic_code(tmp_path):
+    """The check above is not blind: it finds each way of importing an engine, and lets the contract pass."""
+    f = tmp_path / "m.py"
+    f.write_text("from .. import engines\nfrom ..engines import MILESTONES\nfrom ..engines.vllm import KV_LINE\n"
+                 "from ..engines import vllm\nimport railyard.engines.vllm\n")
+    assert sorted(engine_imports(f)) == [(3, "engines.vllm"), (4, "engines.vllm"), (5, "railyard.engines.vllm")]

@@ -8,10 +8,13 @@ from __future__ import annotations
 import re
 
 from railyard.testing import FakeDockerHost
+from railyard.engines import by_name
 from railyard.verbs import verify
 
 from .conftest import real
 from .test_plan import station_plan
+
+VLLM = by_name("vllm")
 
 NAME = "glm53-full"
 
@@ -65,7 +68,7 @@ def api(chat, metrics="vllm:prompt_tokens_total 10\nvllm:generation_tokens_total
     host.http(ep.port, "/v1/models", (200, models.replace("railyard-lab/tiny-qwen3", ep.model) if served else models))
     host.http(ep.port, "/v1/chat/completions", chat)
     host.http(ep.port, "/metrics", (200, metrics))
-    probes, _ = verify._api_probes(host.session, ep)
+    probes, _ = verify._api_probes(host.session, ep, VLLM)
     assert not host.unexpected, host.unexpected
     return {p.name: p for p in probes}, ep
 

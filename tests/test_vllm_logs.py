@@ -11,10 +11,13 @@ import pytest
 from railyard.apply import executor as ops
 from railyard.apply import timeline as T
 from railyard.plan.spec import Gate
-from railyard.engines.vllm import KV_LINE, MILESTONES, engine_kv, milestone_of, parse_kv_cache
+from railyard.engines import MILESTONES, by_name
+from railyard.engines.vllm import KV_LINE, engine_kv, milestone_of, parse_kv_cache
 
 from .conftest import real
 from .test_plan import hgx_plan, station_plan
+
+VLLM = by_name("vllm")
 
 
 def started(name: str) -> str:
@@ -41,10 +44,10 @@ def test_every_dp_engine_core_of_the_cpu_build_is_its_own_rank():
 def test_the_dp_gate_holds_on_the_cpu_builds_lines_as_grep_keeps_them():
     gate = Gate("kv_engines", pattern=KV_LINE, count=2)
     kept = [ln for ln in real("vllm-cpu/moe2.log").splitlines() if KV_LINE in ln]  # what `grep -F KV_LINE` keeps
-    assert len(kept) == 2 and ops._holds(gate, kept)
-    assert not ops._holds(gate, kept[:1])
+    assert len(kept) == 2 and ops._holds(gate, kept, VLLM)
+    assert not ops._holds(gate, kept[:1], VLLM)
     gpu = [ln for ln in real("vllm-gpu/pr29335-engine-dp0-excerpt.log").splitlines() if KV_LINE in ln]
-    assert ops._holds(Gate("kv_engines", pattern=KV_LINE, count=1), gpu)
+    assert ops._holds(Gate("kv_engines", pattern=KV_LINE, count=1), gpu, VLLM)
 
 
 def test_the_launch_gate_greps_a_pattern_both_builds_print():
@@ -102,12 +105,12 @@ def test_lines_that_only_look_alike_mark_nothing():
 # ---------------------------------------------------------------- docker's time against StartedAt
 
 def test_the_timeline_of_a_real_cpu_engine_from_dockers_timestamps():
-    secs, lines = T.timeline_of(real("vllm-cpu/timed-tp1/logs-t.txt"), started("timed-tp1"), MILESTONES)
+    secs, lines = T.timeline_of(real("vllm-cpu/timed-tp1/logs-t.txt"), started("timed-tp1"), MILESTONES, VLLM)
     assert secs == {"weights_loaded": 78.19, "kv_cache_allocated": 79.41, "engine_initialised": 82.21, "api_ready": 84.07}
     assert lines["kv_cache_allocated"].endswith("CPU KV cache size: 1,048,576 tokens, Maximum concurrency for 2,048 "
                                                 "tokens per request: 512.00x")
     assert lines["api_ready"] == "INFO:     Application startup complete."
-    secs, _ = T.timeline_of(real("vllm-cpu/timed-tp2/logs-t.txt"), started("timed-tp2"), MILESTONES)
+    secs, _ = T.timeline_of(real("vllm-cpu/timed-tp2/logs-t.txt"), started("timed-tp2"), MILESTONES, VLLM)
     assert secs == {"weights_loaded": 40.75, "kv_cache_allocated": 42.08, "engine_initialised": 44.63, "api_ready": 46.43}
 
 
@@ -115,19 +118,20 @@ def test_an_earlier_run_of_the_container_in_the_same_log_is_not_this_run():
     earlier, later = real("vllm-cpu/timed-tp1/logs-t.txt"), real("vllm-cpu/timed-tp2/logs-t.txt")
     # `docker start` appends to the log: the earlier run's lines stay, before this run's StartedAt
     cut = later[:later.index("Application startup complete.")].rsplit("\n", 1)[0] + "\n"
-    secs, _ = T.timeline_of(earlier + cut, started("timed-tp2"), MILESTONES)
+    secs, _ = T.timeline_of(earlier + cut, started("timed-tp2"), MILESTONES, VLLM)
     assert secs["api_ready"] is None  # the earlier run's ready line is not this run's
     assert secs["engine_initialised"] == 44.63
 
 
 def test_a_milestone_not_in_the_log_is_not_seen_never_guessed():
     log = real("vllm-cpu/timed-tp1/logs-t.txt")
-    secs, lines = T.timeline_of(log[:log.index("init engine")].rsplit("\n", 1)[0], started("timed-tp1"), MILESTONES)
+    cut = log[:log.index("init engine")].rsplit("\n", 1)[0]
+    secs, lines = T.timeline_of(cut, started("timed-tp1"), MILESTONES, VLLM)
     assert secs["engine_initialised"] is None and secs["api_ready"] is None and "api_ready" not in lines
     # lines without docker's time (a log read without --timestamps) give no time at all
-    secs, _ = T.timeline_of(real("vllm-cpu/tpA.log"), "2026-12-02T03:06:00Z", MILESTONES)
+    secs, _ = T.timeline_of(real("vllm-cpu/tpA.log"), "2026-12-02T03:06:00Z", MILESTONES, VLLM)
     assert secs == {m: None for m in MILESTONES}
-    secs, _ = T.timeline_of(log, "", MILESTONES)  # no StartedAt: nothing to measure from
+    secs, _ = T.timeline_of(log, "", MILESTONES, VLLM)  # no StartedAt: nothing to measure from
     assert set(secs.values()) == {None}
 
 

@@ -25,7 +25,7 @@ from ..render.docker import config_hash, run_line
 from ..transport.runner import Runner
 from ..facts.host import gpu_usage
 from ..plan.spec import Dial, Gate, LaunchPlan, Service
-from ..engines.vllm import parse_kv_cache
+from .. import engines
 from ..transport import RemotePath, Session, cmd, q, read_remote, write_remote
 from ..facts.docker import inspect, log_tail, parse_image_inspect, uptime
 from ..facts.net import parse_port_probe, port_probe
@@ -129,9 +129,9 @@ def _short(g: Gate) -> str:
     return f"`{g.pattern}`" if g.kind == "log" else g.path
 
 
-def _holds(g: Gate, lines: list[str]) -> bool:
+def _holds(g: Gate, lines: list[str], engine: engines.Engine | None) -> bool:
     if g.kind == "kv_engines":
-        return len(parse_kv_cache("\n".join(lines))) >= g.count
+        return engine is not None and len(engine.kv_cache("\n".join(lines))) >= g.count
     return any(g.pattern in ln for ln in lines)
 
 
@@ -139,7 +139,8 @@ def pending_gates(s: Session, svc: Service) -> tuple[list[Gate], str]:
     """The ready gates of a service that do not hold yet, and what its log says last."""
     logs = [g for g in svc.ready if g.kind in ("log", "kv_engines")]
     lines, last = _log_lines(s, svc, logs) if logs else ([], "")
-    pending = [g for g in logs if not _holds(g, lines)]
+    engine = engines.of(svc)
+    pending = [g for g in logs if not _holds(g, lines, engine)]
     detail = last
     if pending:  # the API is asked only once the log says it is up
         pending += [g for g in svc.ready if g.kind == "http"]

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 from ..errors import RailyardError
 from ..plan.spec import LaunchPlan, Service
-from ..engines.vllm import MILESTONE_GREP, MILESTONES, milestone_of
+from .. import engines
+from ..engines import MILESTONES, Engine
 from ..transport import Session, cmd, read_remote, write_remote
 from ..facts.docker import inspect
 
@@ -67,18 +68,10 @@ def timestamped(text: str) -> list[tuple[float, str]]:
 
 
 def applicable(svc: Service) -> tuple[str, ...] | None:
-    """The milestones this service's log can show; None: it runs no vLLM engine (a proxy, LMCache, a router).
-
-    A `--headless` rank serves no API. A headless rank of a tensor-parallel group runs workers only (its engine
-    core is on the head): weights and KV cache, no engine line; a headless rank of a multi-node DP instance
-    runs its own engine cores."""
-    words = [str(w) for w in svc.spec.command]
-    if words[:2] != ["vllm", "serve"]:
-        return None
-    if "--headless" not in words:
-        return MILESTONES
-    dp = any(w.startswith(("--data-parallel-size", "-dp")) for w in words)
-    return ("weights_loaded", "kv_cache_allocated") + (("engine_initialised",) if dp else ())
+    """The milestones this service's log can show (its engine says which); None: it runs no engine (a proxy,
+    LMCache, a router)."""
+    engine = engines.of(svc)
+    return engine.milestones_of([str(w) for w in svc.spec.command]) if engine else None
 
 
 @dataclass
@@ -103,7 +96,7 @@ class Timeline:
                 "error": self.error or None}
 
 
-def timeline_of(log_t: str, started_at: str, milestones: tuple[str, ...]) -> tuple[dict, dict]:
+def timeline_of(log_t: str, started_at: str, milestones: tuple[str, ...], engine: Engine) -> tuple[dict, dict]:
     """Pure: the `docker logs -t` text of a container and its StartedAt -> ({milestone: seconds or None},
     {milestone: line}). The last line of a milestone in this run counts (every worker, engine and API
     server of the container is past it then)."""
@@ -113,7 +106,7 @@ def timeline_of(log_t: str, started_at: str, milestones: tuple[str, ...]) -> tup
         for t, line in timestamped(log_t):
             if t < start - START_SLACK_S:
                 continue  # an earlier run of this container (docker start appends to the same log)
-            m = milestone_of(line)
+            m = engine.milestone_of(line)
             if m in milestones:
                 seen[m] = (t, line.strip())
     secs = {m: (round(max(0.0, seen[m][0] - start), 2) if m in seen and start is not None else None)
@@ -121,13 +114,13 @@ def timeline_of(log_t: str, started_at: str, milestones: tuple[str, ...]) -> tup
     return secs, {m: seen[m][1][:300] for m in milestones if m in seen}
 
 
-def logs_command(name: str):
+def logs_command(name: str, engine: Engine):
     """The milestone lines of a container's log with docker's time in front, and nothing else."""
-    pats = [a for p in MILESTONE_GREP for a in ("-e", p)]
+    pats = [a for p in engine.milestone_grep for a in ("-e", p)]
     return cmd("docker", "logs", "--timestamps", name) + " 2>&1 | " + cmd("grep", "-F", *pats) + " | cut -c1-600"
 
 
-def read_one(s: Session, svc: Service, milestones: tuple[str, ...]) -> Timeline:
+def read_one(s: Session, svc: Service, milestones: tuple[str, ...], engine: Engine) -> Timeline:
     tl = Timeline(svc.host, svc.name, svc.rank, svc.spec.name,
                   not_applicable=[m for m in MILESTONES if m not in milestones])
     try:
@@ -137,10 +130,10 @@ def read_one(s: Session, svc: Service, milestones: tuple[str, ...]) -> Timeline:
             tl.seconds = {m: None for m in milestones}
             return tl
         tl.started_at = c.started
-        r = s.run(logs_command(svc.spec.name), timeout=60)
+        r = s.run(logs_command(svc.spec.name, engine), timeout=60)
         if r.error:
             raise RailyardError(f"{svc.host}: {r.error.kind}: {r.error.message}")
-        tl.seconds, tl.lines = timeline_of(r.stdout, c.started, milestones)
+        tl.seconds, tl.lines = timeline_of(r.stdout, c.started, milestones, engine)
         if parse_stamp(c.started or "") is None:
             tl.error = f"no usable State.StartedAt ({c.started!r})"
     except RailyardError as e:
@@ -150,13 +143,14 @@ def read_one(s: Session, svc: Service, milestones: tuple[str, ...]) -> Timeline:
 
 
 def read(plan: LaunchPlan, runner) -> list[Timeline]:
-    """The timeline of every service of the plan that runs vLLM, by rank (the head first); the hosts in
+    """The timeline of every service of the plan that runs an engine, by rank (the head first); the hosts in
     parallel, a host's services one after another on its session."""
     wanted = [(svc, ms) for svc in plan.by_rank() if (ms := applicable(svc)) is not None]
     hosts = list(dict.fromkeys(svc.host for svc, _ in wanted))
 
     def on_host(s: Session) -> list[Timeline]:
-        return [read_one(s, svc, ms) for svc, ms in wanted if svc.host == s.host.name]
+        return [read_one(s, svc, ms, engine) for svc, ms in wanted
+                if svc.host == s.host.name and (engine := engines.of(svc)) is not None]
 
     got = runner.each(on_host, [runner.session(h).host for h in hosts])
     by_name: dict[str, Timeline] = {}

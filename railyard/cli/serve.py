@@ -207,7 +207,7 @@ def _secs(v) -> str:
 def timeline_table(timelines: list, title: str = "bring-up: seconds from the container's start "
                                                  "(the previous launch's in brackets)") -> Table:
     """One row per vLLM container: each milestone's time, `not seen`, or `n/a` where that rank has none."""
-    from ..engines.vllm import MILESTONE_LABELS, MILESTONES
+    from ..engines import MILESTONE_LABELS, MILESTONES
     t = Table(title=title, title_justify="left")
     for c in ("rank", "host", "service"):
         t.add_column(c, no_wrap=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..plan.spec import MODEL_DIR, PORT, Ref, Value
+from . import MILESTONES, Engine, KvLine
 
 READY_LINE = "Application startup complete"
 # What each engine core prints once its KV cache is sized: `GPU KV cache size: N tokens` on CUDA,
@@ -43,11 +44,6 @@ NCCL_ENV = (
 # is incompatible with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ...", vllm/config/vllm.py):
 # CUDA VMM can remap the KV cache the connector registered for RDMA.
 NO_EXPANDABLE_SEGMENTS = "PYTORCH_CUDA_ALLOC_CONF"
-
-
-def ib_hca_device(setting: str) -> str:
-    """The first device an NCCL_IB_HCA value names: `=mlx5_1:1,mlx5_2` -> `mlx5_1`."""
-    return setting.lstrip("=^").split(",")[0].split(":")[0]
 
 
 # --all2all-backend values the pinned image's vLLM accepts (v0.30.0: ParallelConfig's All2AllBackend in
@@ -225,27 +221,17 @@ _KV_RE = re.compile(r"(?:\((?P<proc>EngineCore(?:_DP(?P<dp>\d+)|_(?P<old>\d+))?)
 _ENGINE_RE = re.compile(r'^vllm:[A-Za-z_:]+\{[^}]*\bengine="(?P<e>[^"]+)"')
 
 
-@dataclass(frozen=True)
-class EngineKv:
-    """One engine core's `<DEVICE> KV cache size: N tokens` line."""
-
-    dp: int          # its DP rank (0 without a DP suffix)
-    tokens: int
-    device: str      # GPU (CUDA), CPU (the CPU build), ...
-    line: str
-
-
-def engine_kv(log: str) -> dict[int, EngineKv]:
+def engine_kv(log: str) -> dict[int, KvLine]:
     """DP rank -> what its engine core printed; the last line counts when one prints twice.
 
         (EngineCore_DP3 pid=4121) INFO 12-01 08:20:11 [kv_cache_utils.py:1087] GPU KV cache size: 299,584 tokens
         (EngineCore pid=4525) INFO 12-02 03:03:14 [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens, ..."""
-    out: dict[int, EngineKv] = {}
+    out: dict[int, KvLine] = {}
     for line in log.splitlines():
         m = _KV_RE.search(line)
         if m:
             dp = int(m.group("dp") or m.group("old") or 0)
-            out[dp] = EngineKv(dp, int(m.group("n").replace(",", "")), m.group("dev"), line.strip())
+            out[dp] = KvLine(dp, int(m.group("n").replace(",", "")), m.group("dev"), line.strip())
     return out
 
 
@@ -269,9 +255,6 @@ def parse_kv_cache(log: str) -> dict[int, int]:
 #   engine_initialised  `init engine (profile, create kv cache, warmup model) took X s|seconds`
 #   api_ready           uvicorn's `Application startup complete.`
 # With several workers, engines or API servers in one container the last line counts: all of them are there.
-MILESTONES = ("weights_loaded", "kv_cache_allocated", "engine_initialised", "api_ready")
-MILESTONE_LABELS = {"weights_loaded": "weights loaded", "kv_cache_allocated": "KV cache",
-                    "engine_initialised": "engine initialised", "api_ready": "API ready"}
 _MILESTONE_RES = (
     ("weights_loaded", re.compile(r"\] (?:Loading weights took [\d.]+ seconds|Model loading took [\d.]+ GiB"
                                   r"|Loading model weights took [\d.]+ G)")),
@@ -322,3 +305,35 @@ def summarize_metrics(m: dict) -> dict:
         "prefix_cache_hit_rate": (h_ / q_) if q_ else None,
         "spec_acceptance": (a_ / d_) if d_ else None,
     }
+
+
+class Vllm(Engine, name="vllm"):
+    """vLLM (`vllm serve`), as the generic code reads it: see railyard.engines."""
+    kv_line = KV_LINE
+    milestone_grep = MILESTONE_GREP
+    # the token counters; a wedged engine's /health still answers 200 (vllm-project/vllm #36451, #39863)
+    progress = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+    def serves(self, command: Sequence[str]) -> bool:
+        return list(command[:2]) == ["vllm", "serve"]
+
+    def milestones_of(self, command: Sequence[str]) -> tuple[str, ...]:
+        """A `--headless` rank serves no API. A headless rank of a tensor-parallel group runs workers only
+        (its engine core is on the head): weights and KV cache, no engine line; a headless rank of a
+        multi-node DP instance runs its own engine cores."""
+        if "--headless" not in command:
+            return MILESTONES
+        dp = any(w.startswith(("--data-parallel-size", "-dp")) for w in command)
+        return ("weights_loaded", "kv_cache_allocated") + (("engine_initialised",) if dp else ())
+
+    def milestone_of(self, line: str) -> str | None:
+        return milestone_of(line)
+
+    def kv_lines(self, log: str) -> dict[int, KvLine]:
+        return engine_kv(log)
+
+    def metric_engines(self, text: str) -> set[str]:
+        return metric_engines(text)
+
+    def summarize_metrics(self, m: dict) -> dict:
+        return summarize_metrics(m)

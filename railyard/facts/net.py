@@ -19,6 +19,11 @@ from ..transport import Sh, cmd, q
 
 # ---------------------------------------------------------------- ibdev2netdev
 
+def ib_hca_device(setting: str) -> str:
+    """The first device an NCCL_IB_HCA value names: `=mlx5_1:1,mlx5_2` -> `mlx5_1`."""
+    return setting.lstrip("=^").split(",")[0].split(":")[0]
+
+
 def ibdev2netdev_section() -> Section:
     return Section("ibdev2netdev", cmd("ibdev2netdev"), "ibdev2netdev")
 

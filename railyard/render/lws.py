@@ -23,7 +23,7 @@ import yaml
 
 from ..errors import UsageError
 from ..plan.spec import File, LaunchPlan, Secret, Service, is_loopback
-from ..engines.vllm import ib_hca_device
+from ..facts.net import ib_hca_device
 from ..transport import q
 from . import walk
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..inventory import Inventory
 from ..plan.spec import LaunchPlan, Service
-from ..engines.vllm import ib_hca_device
+from ..facts.net import ib_hca_device
 from ..transport import q
 from . import walk
 from .docker import run_argv

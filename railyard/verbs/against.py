@@ -22,7 +22,8 @@ from ..errors import LaunchError, RailyardError, UsageError
 from ..apply.timeline import applicable
 from ..render.docker import config_hash
 from ..plan.spec import LaunchPlan, Service
-from ..engines.vllm import KV_LINE, EngineKv, engine_kv
+from .. import engines
+from ..engines import KvLine
 from ..transport import Session, cmd
 from ..report import NO_HOST, Report
 
@@ -112,17 +113,19 @@ def _shape(e: C.EngineSettings) -> str:
     return " ".join(parts) + (" + EP" if e.expert_parallel else "")
 
 
-def rows_for(layout: str, svc: Service, ckpt: C.Checkpoint, lines: dict[int, EngineKv], env: dict[str, str],
+def rows_for(layout: str, svc: Service, ckpt: C.Checkpoint, lines: dict[int, KvLine], env: dict[str, str],
              expected: list[int], a: C.Assumptions, gpu_memory_gib: float | None, notes: list[str]) -> list[EngineRow]:
     """Pure: one row per engine core the service runs (its expected DP ranks and any other that printed)."""
     words = [str(w) for w in svc.spec.command]
+    engine = engines.of(svc)
+    assert engine is not None   # engine_services: each runs one
     out = []
     for dp in sorted(set(expected) | set(lines)):
         seen = lines.get(dp)
         if seen is None:
             out.append(EngineRow(layout, svc.name, svc.host, svc.spec.name, dp, _shape(settings_of(words, env, "?", None)),
                                  None, None, None, None, None, None, "-", "",
-                                 notes + [f"no `{KV_LINE}` line from this engine core in the log"]))
+                                 notes + [f"no `{engine.kv_line}` line from this engine core in the log"]))
             continue
         e = settings_of(words, env, seen.device, gpu_memory_gib)
         p = C.plan_engine(ckpt, e, a)
@@ -151,7 +154,7 @@ def _env_of(s: Session, name: str) -> tuple[dict[str, str], str] | None:
 
 
 def engine_services(plan: LaunchPlan) -> list[Service]:
-    """The services that run an engine core: vLLM ranks that initialise an engine (not a headless TP rank)."""
+    """The services that run an engine core: ranks that initialise an engine (not a headless TP rank)."""
     return [s for s in plan.by_rank() if "engine_initialised" in (applicable(s) or ())]
 
 
@@ -175,10 +178,12 @@ def compare(plan: LaunchPlan, runner, ckpt: C.Checkpoint, a: C.Assumptions, gpu_
         env, label = found
         notes = [] if label == config_hash(plan, svc) else [
             "the container runs another configuration than the inventory's (inv launch --recreate): its flags may differ"]
-        r = s.run(cmd("docker", "logs", svc.spec.name) + " 2>&1 | " + cmd("grep", "-F", KV_LINE), timeout=60)
+        engine = engines.of(svc)
+        assert engine is not None   # engine_services: each runs one
+        r = s.run(cmd("docker", "logs", svc.spec.name) + " 2>&1 | " + cmd("grep", "-F", engine.kv_line), timeout=60)
         if r.error:
             raise LaunchError(f"{svc.host}: {r.error.kind}: {r.error.message}")
-        kv = engine_kv(r.stdout)
+        kv = engine.kv_lines(r.stdout)
         mem = gpu_memory_gib
         if mem is None and any(e.device == "GPU" for e in kv.values()):
             if svc.host not in gpu_mem:

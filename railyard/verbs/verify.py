@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..checks import FAIL, PASS, SKIP, WARN, CheckResult, split_fixes
-from ..errors import UsageError
+from ..errors import RailyardError, UsageError
 from ..inventory import Inventory
 from .serve import build_plan, uptime_text
 from ..checks.health import CHAT_PROBE, Probe, RankHealth, judge_answer
@@ -37,7 +37,8 @@ from ..transport.runner import Runner
 from ..plan import layout as layouts
 from ..facts.host import gpu_usage
 from ..plan.spec import Endpoint, LaunchPlan, Service
-from ..engines.vllm import metric_engines, parse_kv_cache, summarize_metrics
+from .. import engines
+from ..engines import Engine
 from ..transport import Session, Sh, cmd, q
 from ..report import NO_HOST, Report, host_of
 
@@ -244,31 +245,34 @@ def health(inv: Inventory, cache_proof: int = 0) -> tuple[LaunchPlan, list[RankH
             return (plan, ranks, *api_probes(runner, plan, ranks))
         ep = plan.endpoint
         s = runner.session(ep.host)
-        probes, metrics = _api_probes(s, ep)
         svc = plan.service(ep.service)
+        engine = engines.of(svc)
+        if engine is None:  # a layout whose endpoint is a proxy brings its own probes (api_probes)
+            raise RailyardError(f"health: the endpoint {svc.name} runs no engine and layout {layout.name} "
+                                "has no probes of its own")
+        probes, metrics = _api_probes(s, ep, engine)
         text = metrics.pop("_text", "")
         if "kv_engines" in plan.verifiers:
-            more, metrics["kv_per_rank"] = _engine_probes(s, svc, text)
+            more, metrics["kv_per_rank"] = _engine_probes(s, svc, text, engine)
             probes += more
     return plan, ranks, probes, metrics
 
 
 # vLLM's /health answers 200 unless the engine is dead (EngineDeadError), so a wedged engine stays "healthy"
 # (vllm-project/vllm #36451, #39863); its progress shows only in /metrics. A probe that has no answer within
-# vllm_hung_after_s (20 s by default) is judged on the engine's token counters: unchanged over that window
+# vllm_hung_after_s (20 s by default) is judged on the engine's token counters (Engine.progress): unchanged over that window
 # (while /health answers) is a hung engine; moved is a busy one, asked again for the rest of CHAT_LIMIT_S
 CHAT_LIMIT_S = 120
-PROGRESS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
 
 
-def _counters(s: Session, ep: Endpoint) -> tuple[dict | None, str, float]:
+def _counters(s: Session, ep: Endpoint, engine: Engine) -> tuple[dict | None, str, float]:
     """The engine's token counters from /metrics (None when it did not answer), its text, and when."""
     code, _, text = _curl(s, ep, "/metrics", timeout=10)
     when = time.time()
     if code != 200:
         return None, "", when
     m = parse_metrics(text)
-    return ({k: m[k] for k in PROGRESS if k in m} or None), text, when
+    return ({k: m[k] for k in engine.progress if k in m} or None), text, when
 
 
 def judge_progress(before: dict | None, after: dict | None, reads: tuple[float, float], waited_s: float,
@@ -277,7 +281,7 @@ def judge_progress(before: dict | None, after: dict | None, reads: tuple[float, 
     hung only on evidence read twice (both /metrics samples at the times `reads`, the same token
     counters) while /health answers."""
     def shown(c):
-        return ", ".join(f"{k.split(':')[1]} {c[k]:,.0f}" for k in PROGRESS if k in c)
+        return ", ".join(f"{k.split(':')[-1]} {v:,.0f}" for k, v in c.items())
     if before is None or after is None or set(before) != set(after):
         return "unknown", "its token counters could not be read twice from /metrics"
     at = " and ".join(time.strftime("%H:%M:%S", time.localtime(t)) for t in reads)
@@ -285,16 +289,16 @@ def judge_progress(before: dict | None, after: dict | None, reads: tuple[float, 
         return ("hung" if health_ok else "unknown",
                 f"no token for the probe in {waited_s:.0f} s and its token counters did not move ({shown(after)} "
                 f"at {at})" + (" while /health answers 200" if health_ok else ""))
-    moved = {k.split(":")[1]: after[k] - before[k] for k in PROGRESS if k in after and after[k] != before[k]}
+    moved = {k.split(":")[-1]: after[k] - before[k] for k in after if after[k] != before[k]}
     return "busy", (f"no answer in {waited_s:.0f} s, but it made progress between {at} ("
                     + ", ".join(f"{k} +{v:,.0f}" for k, v in moved.items()) + ")")
 
 
-def _api_probes(s: Session, ep: Endpoint) -> tuple[list[Probe], dict]:
+def _api_probes(s: Session, ep: Endpoint, engine: Engine) -> tuple[list[Probe], dict]:
     probes: list[Probe] = []
     metrics: dict = {}
     served = ep.model
-    before, _, t0 = _counters(s, ep)
+    before, _, t0 = _counters(s, ep, engine)
     code, ms, text = _curl(s, ep, "/health", timeout=10)
     health_ok = code == 200
     probes.append(Probe("/health", health_ok, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms))
@@ -310,7 +314,7 @@ def _api_probes(s: Session, ep: Endpoint) -> tuple[list[Probe], dict]:
     hung_after = int(s.host.vars.get("vllm_hung_after_s", 20))
     code, ms, text = _curl(s, ep, "/v1/chat/completions", body, timeout=hung_after)
     if code == 0:  # no answer yet: did the engine move at all?
-        after, _, t1 = _counters(s, ep)
+        after, _, t1 = _counters(s, ep, engine)
         verdict, evidence = judge_progress(before, after, (t0, t1), ms / 1000, health_ok)
         if verdict == "busy":
             code, more, text = _curl(s, ep, "/v1/chat/completions", body, timeout=CHAT_LIMIT_S - hung_after)
@@ -321,27 +325,27 @@ def _api_probes(s: Session, ep: Endpoint) -> tuple[list[Probe], dict]:
     probes.append(Probe("chat completion", ok, detail, ms))
     code, ms, text = _curl(s, ep, "/metrics", timeout=10)
     if code == 200:
-        metrics = summarize_metrics(parse_metrics(text))
+        metrics = engine.summarize_metrics(parse_metrics(text))
         metrics["_text"] = text
     probes.append(Probe("/metrics", code == 200, f"HTTP {code}", ms))
     return probes, metrics
 
 
-def _engine_probes(s: Session, svc: Service, metrics_text: str) -> tuple[list[Probe], dict]:
+def _engine_probes(s: Session, svc: Service, metrics_text: str, engine: Engine) -> tuple[list[Probe], dict]:
     """DP attention: one KV cache per engine core in the log, and every engine in /metrics."""
     want = int(svc.expects("kv_engines", "1"))
-    per_rank = parse_kv_cache(log_tail(s, svc.spec.name, None))
+    per_rank = engine.kv_cache(log_tail(s, svc.spec.name, None))
     kv = kv_summary(per_rank)
     missing = [r for r in range(want) if r not in per_rank]
     detail = (f"{len(per_rank)} of {want} DP ranks: min {kv['min']:,} tokens, sum {kv['sum']:,}, spread "
               f"{kv['spread'] * 100:.1f} %" if per_rank else f"no `KV cache size` line from {describe(svc)}")
     if missing and per_rank:
         detail += f"; no KV line from rank(s) {', '.join(map(str, missing))}"
-    engines = metric_engines(metrics_text)
-    absent = [str(r) for r in range(want) if str(r) not in engines]
+    labels = engine.metric_engines(metrics_text)
+    absent = [str(r) for r in range(want) if str(r) not in labels]
     return [Probe("KV cache per DP rank", not missing, detail),
             Probe("engines in /metrics", bool(metrics_text) and not absent,
-                  (f"engine labels {', '.join(sorted(engines)) or 'none'}" if metrics_text else "no /metrics")
+                  (f"engine labels {', '.join(sorted(labels)) or 'none'}" if metrics_text else "no /metrics")
                   + (f"; missing {', '.join(absent)}" if absent and metrics_text else ""))], kv
 
 
