@@ -41,8 +41,12 @@ _FAILURES: list[tuple[str, list[str], list[str]]] = []   # (test and phase, asse
 def pytest_configure(config):
     # pytest-xdist's workers (the unit stage) get COLUMNS=80; railyard's output is read here as a pipe
     # without COLUMNS gets it (160 wide), as in a run without workers
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
         os.environ.pop("COLUMNS", None)
+        # each worker of the lab stage has a lab of its own (railyard_lab.INSTANCES: two at most); the
+        # variable is set before any test module imports railyard_lab, and every `inv` a test runs inherits it
+        os.environ["RAILYARD_LAB_INSTANCE"] = worker.removeprefix("gw")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+import railyard_lab as lab
 from railyard_lab import faults
 
 from .conftest import ROOT, as_a_terminal_job, inv_cmd, on, station_ready, wait_for
@@ -24,7 +25,7 @@ NAME = "glm53-full"
 
 def comms(host):
     out = []
-    for pid in subprocess.run(["ip", "netns", "pids", f"rylab-{host}"], capture_output=True, text=True).stdout.split():
+    for pid in subprocess.run(["ip", "netns", "pids", f"{lab.NS_PREFIX}{host}"], capture_output=True, text=True).stdout.split():
         try:
             out.append(open(f"/proc/{pid}/comm").read().strip())
         except OSError:

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from railyard.inventory import load_inventory
+import railyard_lab as lab
 from railyard_lab import faults
 from railyard_lab.checkpoint import write_checkpoint
 from railyard.verbs.serve import LaunchError, launch, status, stop
@@ -61,11 +62,11 @@ def test_env_files_are_0600_current_files_untouched_and_check_changes_nothing(st
         f = home(h) / "glm53.env"
         assert (f.stat().st_mode & 0o777) == 0o600
         text = f.read_text()
-        assert f"RANK={rank}\n" in text and "HEAD_IP=198.18.101.11\n" in text and "GID_INDEX=3\n" in text
+        assert f"RANK={rank}\n" in text and f"HEAD_IP={lab.NET}.101.11\n" in text and "GID_INDEX=3\n" in text
         gpu = [line for line in text.splitlines() if line.startswith("GPU_UUID=")][0]
         smi = on(h, "nvidia-smi --query-gpu=uuid,name --format=csv,noheader").stdout
         assert gpu[9:] + ", NVIDIA GB300" in smi  # the GB300's UUID, never the display GPU's
-    assert "WORKER_IP=198.18.101.12" in (home("A") / "glm53.env").read_text()
+    assert f"WORKER_IP={lab.NET}.101.12" in (home("A") / "glm53.env").read_text()
     before = {h: (home(h) / "glm53.env").stat().st_mtime_ns for h in ("A", "B")}
     r = inv_cmd("env", "-i", str(stations))
     assert "none (all current)" in r.stdout
@@ -74,7 +75,8 @@ def test_env_files_are_0600_current_files_untouched_and_check_changes_nothing(st
 
 
 @pytest.mark.parametrize("fault,value,fact", [("no-gpu", None, "GPU_UUID: no GPU matches 'GB300'"),
-                                              ("gid-index", "none", "GID_INDEX: no RoCE v2 GID for 198.18.101.12")])
+                                              ("gid-index", "none", f"GID_INDEX: no RoCE v2 GID for {lab.NET}.101.12")],
+                         ids=["no-gpu", "gid-index"])
 def test_env_refuses_when_a_fact_is_missing(clean, fault, value, fact):
     faults.fault("B", fault, value)
     r = inv_cmd("env", "-i", str(clean))
@@ -194,8 +196,8 @@ def test_a_wrong_gid_index_gives_completions_that_ran_out_of_retries(clean):
     assert r.returncode == 0, r.stdout + r.stderr
     nccl = on("A", f"docker exec {NAME} sh -c 'cat /tmp/nccl_*.log'").stdout
     assert "via NET/IB/0/GDRDMA\n" in nccl and "NCCL_IB_GID_INDEX set by environment to 1.\n" in nccl
-    assert "NCCL WARN NET/IB: Got completion from peer 198.18.101.12<43210> with status=IBV_WC_RETRY_EXC_ERR(12)" in nccl
-    assert "vendor_err=129 localGid ::ffff:198.18.101.11 remoteGids::ffff:198.18.101.12 hca mlx5_1" in nccl
+    assert f"NCCL WARN NET/IB: Got completion from peer {lab.NET}.101.12<43210> with status=IBV_WC_RETRY_EXC_ERR(12)" in nccl
+    assert f"vendor_err=129 localGid ::ffff:{lab.NET}.101.11 remoteGids::ffff:{lab.NET}.101.12 hca mlx5_1" in nccl
 
 
 def test_launch_refuses_stale_env_files(clean):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from railyard.inventory import load_inventory
+import railyard_lab as lab
 from railyard_lab import faults, lab_dir, lab_host
 from railyard.verbs.preflight import run_preflight
 
@@ -39,7 +40,7 @@ def test_healthy_lab_passes_every_check(healthy_lab):
                 "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity"}
     assert {c for h, c in checks if h == "B"} == expected | {"ports"}   # B dials the head's master port
     assert {c for h, c in checks if h == "A"} == expected | {"ssh_peer"}
-    assert checks[("B", "ports")]["detail"] == "B reaches every port the plan dials from it: A 198.18.101.11:29501"
+    assert checks[("B", "ports")]["detail"] == f"B reaches every port the plan dials from it: A {lab.NET}.101.11:29501"
     assert all(c["status"] == "pass" for c in doc["checks"])
     assert all(set(c) == {"host", "check", "status", "detail", "evidence", "hint"} for c in doc["checks"])
     # the GB300 was chosen, never the display GPU listed before it
@@ -69,8 +70,8 @@ def test_an_unreachable_host_is_said_at_once_and_the_rest_is_probed(healthy_lab)
 FAULTS = [
     ("mtu", "1500", "B", "mtu", "mtu 1500, expected 9000"),
     ("link-down", None, "B", "rail_link", "is Down"),
-    ("no-ip", None, "B", "rail_ip", "no IPv4 address, expected 198.18.101.12/24"),
-    ("gid-index", "none", "B", "gid", "no RoCE v2 GID for 198.18.101.12"),
+    ("no-ip", None, "B", "rail_ip", f"no IPv4 address, expected {lab.NET}.101.12/24"),
+    ("gid-index", "none", "B", "gid", f"no RoCE v2 GID for {lab.NET}.101.12"),
     ("ntp-unsynced", None, "B", "ntp", "not synchronized"),
     ("clock-skew", "30", "B", "clock_skew", "ahead of the others"),
     ("gpu-busy", None, "B", "gpu", "python3 holds 8710 MiB"),
@@ -174,7 +175,7 @@ def test_a_firewall_on_the_heads_master_port_fails_ports_alone_naming_host_addre
     results = preflight(healthy_lab)
     assert failing(results) == [("B", "ports")]
     r = by(results)[("B", "ports")]
-    assert r.detail == ("B cannot reach 198.18.101.11:29501 on A (the head's master port): no answer (the SYN was "
+    assert r.detail == (f"B cannot reach {lab.NET}.101.11:29501 on A (the head's master port): no answer (the SYN was "
                         "dropped: a firewall on A or on the path)"), r
     assert "listen ok" in r.evidence and "allow TCP 29501 from B on A" in r.hint
 
@@ -233,7 +234,7 @@ def test_a_healthy_24_host_lab_gives_no_warning():
 def test_gid_index_is_discovered_not_assumed(healthy_lab):
     faults.fault("B", "gid-index", "7")
     res = by(preflight(healthy_lab))
-    assert res[("B", "gid")].status == "pass" and "GID index 7 for 198.18.101.12" in res[("B", "gid")].detail
+    assert res[("B", "gid")].status == "pass" and f"GID index 7 for {lab.NET}.101.12" in res[("B", "gid")].detail
     assert "GID index 3" in res[("A", "gid")].detail
     pinned = by(preflight(healthy_lab, "preflight_gid_index=3"))
     assert pinned[("B", "gid")].status == "fail" and "is 7, inventory expects 3" in pinned[("B", "gid")].detail

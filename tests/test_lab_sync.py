@@ -12,6 +12,7 @@ import time
 import pytest
 
 from railyard.inventory import load_inventory
+import railyard_lab as lab
 from railyard_lab import lab_dir
 from railyard_lab.checkpoint import shard_name, write_checkpoint
 from railyard.verbs.sync import SyncOptions, sync_model
@@ -118,7 +119,7 @@ def test_missing_and_extra_are_named_and_repair_fixes_only_them(fresh):
 
 
 def _kill_rsync_on_A():
-    out = subprocess.run(["ip", "netns", "pids", "rylab-A"], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(["ip", "netns", "pids", f"{lab.NS_PREFIX}A"], capture_output=True, text=True).stdout.split()
     killed = 0
     for pid in out:
         try:
@@ -163,7 +164,7 @@ def test_a_copy_killed_midway_resumes_without_resending_finished_shards(fresh):
 
 
 def _rsync_on_A():
-    pids = subprocess.run(["ip", "netns", "pids", "rylab-A"], capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(["ip", "netns", "pids", f"{lab.NS_PREFIX}A"], capture_output=True, text=True).stdout.split()
     return [p for p in pids if _comm(p) == "rsync"]
 
 
@@ -244,7 +245,7 @@ def test_no_ssh_from_the_head_fails_before_copying(fresh):
         ak.write_text(saved.splitlines()[0] + "\n")  # only the control machine may log in
         r = inv_cmd("sync-model", "-i", str(fresh))
         assert r.returncode == 1
-        assert "cannot ssh non-interactively to B" in r.stdout and "ssh-copy-id root@198.18.101.12" in r.stdout
+        assert "cannot ssh non-interactively to B" in r.stdout and f"ssh-copy-id root@{lab.NET}.101.12" in r.stdout
         assert not model_dir("B").exists()
     finally:
         ak.write_text(saved)

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+import railyard_lab as lab
+
 from railyard.verbs import rsyncd
 from railyard.inventory import load_inventory
 from railyard.transport.runner import Runner
@@ -168,7 +170,7 @@ def test_ctrl_c_or_a_killed_railyard_leaves_no_daemon(fresh):
 def test_a_port_in_use_is_one_line_naming_the_host_and_the_fix(fresh):
     inv = load_inventory(fresh)
     ip = inv.host("B").serve_rail.ip
-    holder = subprocess.Popen(["ip", "netns", "exec", "rylab-B", sys.executable, "-c",
+    holder = subprocess.Popen(["ip", "netns", "exec", f"{lab.NS_PREFIX}B", sys.executable, "-c",
                                f"import socket, time; s = socket.socket(); s.bind(('{ip}', 28731)); s.listen(); "
                                "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:

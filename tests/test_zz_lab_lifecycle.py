@@ -23,10 +23,12 @@ def _links() -> set[str]:
 
 
 def test_resize_then_down_removes_everything(lab_inventory):
-    links_before = {n for n in _links() if not n.startswith("rylab")}
-    ns_before = {n for n in _netns() if not n.startswith("rylab-")}
+    # what is not a lab's (the other lab, where a second test worker runs one, may change meanwhile)
+    stems = tuple(lab.stem(i) for i in lab.INSTANCES)
+    links_before = {n for n in _links() if not n.startswith(stems)}
+    ns_before = {n for n in _netns() if not n.startswith(stems)}
     lab.up(3, log=lambda *_: None)
-    assert {"rylab-A", "rylab-B", "rylab-C"} <= _netns()
+    assert {f"{lab.NS_PREFIX}{h}" for h in "ABC"} <= _netns()
     pids = [int(p.read_text()) for p in Path(lab.lab_dir()).glob("hosts/*/*.pid")]
     assert pids
     # a container in a network namespace of its own (no --network host) goes with its host
@@ -34,8 +36,8 @@ def test_resize_then_down_removes_everything(lab_inventory):
     assert run.returncode == 0, run.stderr
     pids.append(int(on("C", "docker inspect -f '{{.State.Pid}}' own").stdout))
     lab.down(log=lambda *_: None)
-    assert not any(n.startswith("rylab") for n in _netns()) and _netns() >= ns_before
-    assert not any(n.startswith("rylab") for n in _links()) and _links() >= links_before
+    assert not any(n.startswith(lab.NS_PREFIX) for n in _netns()) and _netns() >= ns_before
+    assert not any(n.startswith(lab.STEM) for n in _links()) and _links() >= links_before
     assert not lab.lab_dir().exists()
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]

@@ -14,6 +14,9 @@ nodes, 8 rails `enp24s0np0` ... `enp218s0np0`). Each host `A`, `B`, ... gets:
   host's shape file `shape.json`, written here at up time); an hgx8 host also has `vllm`.
 
 Everything made is recorded in `lab.json` (with the shape) so `down()` removes exactly that.
+
+A second lab can be up beside the first (RAILYARD_LAB_INSTANCE=1: 198.19.*, `ryl1-A`, ...,
+/var/tmp/railyard-lab1), which is how the test suite's two workers each own one.
 """
 
 from __future__ import annotations
@@ -37,10 +40,41 @@ import yaml
 from railyard.errors import RailyardError, UsageError
 
 LAB_DIR_ENV = "RAILYARD_LAB_DIR"
-DEFAULT_LAB_DIR = "/var/tmp/railyard-lab"
-NS_PREFIX = "rylab-"
-MGMT_BRIDGE = "rylab-mgmt"
-MGMT_NET = "198.18.0"
+# Two labs can be up at once, side by side (the test suite's two workers): instance 0, the default, is
+# 198.18.*, its names rylab-*, its directory /var/tmp/railyard-lab; instance 1 is 198.19.*, ryl1-*,
+# /var/tmp/railyard-lab1. 198.18.0.0/15 holds no third.
+LAB_INSTANCE_ENV = "RAILYARD_LAB_INSTANCE"
+INSTANCES = (0, 1)
+
+
+def _instance_problem() -> str | None:
+    raw = os.environ.get(LAB_INSTANCE_ENV, "0") or "0"
+    if raw in {str(i) for i in INSTANCES}:
+        return None
+    return f"{LAB_INSTANCE_ENV}={raw!r}: one of {', '.join(map(str, INSTANCES))} (198.18.0.0/15 holds two labs)"
+
+
+def _instance() -> int:
+    """This process's lab (lab.up refuses a value that is not one: _instance_problem)."""
+    return 0 if _instance_problem() else int(os.environ.get(LAB_INSTANCE_ENV) or 0)
+
+
+def stem(instance: int) -> str:
+    """What the names of that lab's namespaces, links and bridges begin with."""
+    return "rylab" if instance == 0 else f"ryl{instance}"
+
+
+def default_lab_dir(instance: int) -> str:
+    return "/var/tmp/railyard-lab" + ("" if instance == 0 else str(instance))
+
+
+INSTANCE = _instance()
+STEM = stem(INSTANCE)
+NET = f"198.{18 + INSTANCE}"    # the first two octets of every lab address
+DEFAULT_LAB_DIR = default_lab_dir(INSTANCE)
+NS_PREFIX = f"{STEM}-"
+MGMT_BRIDGE = f"{STEM}-mgmt"
+MGMT_NET = f"{NET}.0"
 CONTROL_IP = f"{MGMT_NET}.1"
 RAIL_MTU = 9000
 LAB_IMAGE_NAME = "vllm/vllm-openai:v0.30.0-aarch64"
@@ -90,8 +124,8 @@ MAX_HOSTS = 200
 # `shape.json`, written from this data at up time (host_shape()).
 
 def _rails(names: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
-    """(netdev, hca, subnet prefix) per rail: rail k is mlx5_k on 198.18.(100+k).0/24."""
-    return tuple((n, f"mlx5_{k}", f"198.18.{100 + k}") for k, n in enumerate(names))
+    """(netdev, hca, subnet prefix) per rail: rail k is mlx5_k on 198.18.(100+k).0/24 (instance 1: 198.19)."""
+    return tuple((n, f"mlx5_{k}", f"{NET}.{100 + k}") for k, n in enumerate(names))
 
 
 # Sapphire Rapids (2 x 56 cores, 2 threads each): the NUMA layout and flags of the real dual-socket
@@ -286,8 +320,10 @@ class LabHost:
         return f"{self.rails[self._rail_index(rail)][2]}.{10 + self.index}"
 
     def veth(self, kind: str) -> str:
-        """Root-namespace end of this host's veth for mgmt or a rail (<= 15 chars): rylab1m, rylab1r0, ..."""
-        return f"rylab{self.index}m" if kind == "mgmt" else f"rylab{self.index}r{self._rail_index(kind)}"
+        """Root-namespace end of this host's veth for mgmt or a rail (<= 15 chars): rylab1m, rylab1r0, ...
+        (instance 1: ryl1x1m, ryl1x1r0, ...)"""
+        base = STEM + ("x" if INSTANCE else "") + str(self.index)
+        return f"{base}m" if kind == "mgmt" else f"{base}r{self._rail_index(kind)}"
 
     @property
     def shape_file(self) -> Path:
@@ -405,7 +441,7 @@ def hosts_of(root: Path) -> list[LabHost]:
 
 
 def rail_bridge(k: int) -> str:
-    return f"rylab-r{k}"
+    return f"{STEM}-r{k}"
 
 
 def bridges_of(shape: str) -> dict[str, str]:
@@ -441,6 +477,9 @@ def up(n: int | None = None, path: str | None = None, log=print, shape: str | No
     if engine is not None and engine not in ENGINES:
         raise UsageError(f"--engine {engine}: one of {', '.join(ENGINES)}")
     check_shape(shape, gpu)
+    problem = _instance_problem()
+    if problem:
+        raise UsageError(problem)
     _requirements()
     root = lab_dir(path)
     state = _load_state(root)
@@ -555,7 +594,14 @@ def down(path: str | None = None, log=print) -> None:
         if _link_exists(br):
             sh("ip", "link", "del", br, check=False)
     shutil.rmtree(root, ignore_errors=True)
-    for d in state.get("mountpoints", []):
+    mountpoints = state.get("mountpoints", [])
+    other = next((d for i in INSTANCES if i != INSTANCE and _load_state(d := Path(default_lab_dir(i)))), None)
+    if other is not None and mountpoints:  # the other lab's containers mount over them: it removes them
+        theirs = _load_state(other) or {}
+        theirs["mountpoints"] = sorted(set(theirs.get("mountpoints", [])) | set(mountpoints))
+        _save_state(other, theirs)
+        mountpoints = []
+    for d in mountpoints:
         try:
             os.rmdir(d)  # only the empty mount point lab.up made
         except OSError:

@@ -21,11 +21,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import LabError, _read_pid
+from . import INSTANCE, LabError, _read_pid
 from . import _pid_alive as _alive
 
-CTLD_PORT = 16817
-SLURMD_PORT = 16818
+# slurmctld listens on this machine (every address), slurmd in each host's namespace; the other lab
+# instance's slurmctld takes the next ports
+CTLD_PORT = 16817 + 10 * INSTANCE
+SLURMD_PORT = 16818 + 10 * INSTANCE
 STATE = "slurm"
 CGROUPS = ("mountpoint -q /sys/fs/cgroup || { mount -t tmpfs -o mode=755 railyard-cgroup /sys/fs/cgroup && "
            "mkdir -p /sys/fs/cgroup/freezer /sys/fs/cgroup/systemd && "
