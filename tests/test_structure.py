@@ -116,3 +116,18 @@ def test_the_check_sees_an_engine_imported_in_generic_code(tmp_path):
     f.write_text("from .. import engines\nfrom ..engines import MILESTONES\nfrom ..engines.vllm import KV_LINE\n"
                  "from ..engines import vllm\nimport railyard.engines.vllm\n")
     assert sorted(engine_imports(f)) == [(3, "engines.vllm"), (4, "engines.vllm"), (5, "railyard.engines.vllm")]
+
+
+def test_only_the_cli_renders():
+    """Verbs return their report and take a view for what they show while they work; only railyard/cli
+    imports rich (a view, a table, a progress bar)."""
+    seen = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG)
+        if rel.parts[0] == "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                    else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            seen += [f"railyard/{rel}:{node.lineno}: imports {m}" for m in mods if m.split(".")[0] == "rich"]
+    assert not seen, "rendering outside railyard/cli:\n" + "\n".join(seen)

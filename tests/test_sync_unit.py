@@ -178,3 +178,29 @@ def test_a_hugging_face_cache_snapshot_is_a_checkpoint_read_through_its_links(tm
 def test_rsync_copies_the_files_a_link_points_to():
     h = load_inventory(ROOT / "inventory" / "dgx-stations.yml").hosts[1]
     assert "--copy-links" in rsync_command("~/m", h, "~/m", "whole", "aes128-gcm@openssh.com", 0)
+
+
+def test_the_bars_sum_every_stream_of_a_target_and_all_targets_as_rsync_reports_them():
+    """The cli's bars, fed by the verb's Progress from several streams' threads as _copy_target feeds it:
+    each target's bar is its streams' bytes (each capped at its share), the overall bar their sum."""
+    import io
+    import threading
+    from rich.console import Console
+    from railyard.cli.sync import View
+    from railyard.verbs.sync import CopyPlan, Progress
+    out = io.StringIO()
+    plans = {"B": CopyPlan("B", send=["a", "b"], bytes=3000), "C": CopyPlan("C", send=["a"], bytes=1000),
+             "D": CopyPlan("D", equal=2)}   # nothing to send: no bar of its own
+    bars = View(Console(file=out, width=120, force_terminal=False)).bars(plans)
+    progress = Progress(bars)
+    with progress:
+        feeds = [("B", (0,), 1200, 1500), ("B", (1,), 1500, 1500), ("B", (0,), 1600, 1500), ("C", (0,), 400, 1000)]
+        threads = [threading.Thread(target=progress.update, args=f) for f in feeds]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert set(bars.tasks) == {"B", "C"}
+    assert {t: bars.rich.tasks[i].completed for t, i in bars.tasks.items()} == {"B": 3000, "C": 400}
+    assert bars.overall is not None and bars.rich.tasks[bars.overall].completed == 3400
+    assert "-> B" in out.getvalue() and "all targets" in out.getvalue()

@@ -10,7 +10,7 @@ from rich.text import Text
 from . import console, load, rtask
 
 if TYPE_CHECKING:
-    from ..verbs.sync import SyncReport
+    from ..verbs.sync import CopyPlan, SyncReport
 
 
 @rtask(help={"source": "copy from this host (default: the head)",
@@ -32,12 +32,55 @@ def sync_model(inventory=None, source=None, to=None, verify=None, streams=None, 
     inv = load(inventory, set_)
     con = console(stderr=json)
     opts = SyncOptions(source, to, verify, streams, dry_run, repair, rehash, bwlimit, transport)
-    rep = run(inv, opts, con)
+    rep = run(inv, opts, View(con))
     report = sync_report(rep)
     if json:
         return report.print_json()
     print_report(rep, console())
     return report.exit_code
+
+
+class View:
+    """What sync-model shows while it works: its steps dim, a download's own output, the copies' bars."""
+
+    def __init__(self, console):
+        self.console = console
+
+    def say(self, message: str) -> None:
+        self.console.print(message, style="dim")
+
+    def out(self, text: str) -> None:
+        self.console.out(text, end="")
+
+    def bars(self, plans: dict[str, CopyPlan]) -> "Bars":
+        return Bars(self.console, plans)
+
+
+class Bars:
+    """One rich progress display: a bar per target and one overall, fed with the bytes each target has."""
+
+    def __init__(self, console, plans: dict[str, CopyPlan]):
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+        self.rich = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                             TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=False)
+        self.done: dict[str, int] = {}
+        self.tasks = {t: self.rich.add_task(f"-> {t}", total=p.bytes) for t, p in plans.items() if not p.empty}
+        total = sum(p.bytes for p in plans.values())
+        self.overall = self.rich.add_task("all targets", total=total) if len(self.tasks) > 1 else None
+
+    def update(self, target: str, completed: int) -> None:
+        self.done[target] = completed
+        self.rich.update(self.tasks[target], completed=completed)
+        if self.overall is not None:
+            self.rich.update(self.overall, completed=sum(self.done.values()))
+
+    def __enter__(self) -> "Bars":
+        self.rich.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.rich.stop()
 
 
 def print_report(rep: SyncReport, console) -> None:

@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from .. import checks as C
 from ..checks import FAIL, PASS, SKIP, CheckResult
@@ -325,34 +326,45 @@ class SyncReport:
                 and not any(self.model.values()) and not any(c.errors for c in self.copies.values()))
 
 
-class Progress:
-    """One rich progress display: a bar per target and one overall, fed by rsync's progress2 figures."""
+class Bars(Protocol):
+    """What the view shows of the copies (railyard.cli.sync draws rich's bars): a context while they run."""
 
-    def __init__(self, plans: dict[str, CopyPlan], console):
-        from rich.progress import (BarColumn, DownloadColumn, Progress as RichProgress, TextColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
-        self.rich = RichProgress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                 TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=False)
+    def __enter__(self) -> "Bars": ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def update(self, target: str, completed: int) -> None: ...
+
+
+class SyncView(Protocol):
+    """What sync-model shows while it works; None shows nothing (--json, tests)."""
+
+    def say(self, message: str) -> None: ...
+
+    def out(self, text: str) -> None: ...   # a download's own output, as it comes
+
+    def bars(self, plans: dict[str, CopyPlan]) -> Bars: ...
+
+
+class Progress:
+    """rsync's progress2 figures of every stream, summed per target for the view's bars."""
+
+    def __init__(self, bars: Bars):
+        self.bars = bars
         self.lock = threading.Lock()
         self.done: dict[tuple, int] = {}
-        self.tasks = {t: self.rich.add_task(f"-> {t}", total=p.bytes) for t, p in plans.items() if not p.empty}
-        total = sum(p.bytes for p in plans.values())
-        self.overall = self.rich.add_task("all targets", total=total) if len(self.tasks) > 1 else None
 
     def update(self, target: str, key: tuple, value: int, limit: int) -> None:
         with self.lock:
             self.done[(target,) + key] = min(value, limit)
-            mine = sum(v for k, v in self.done.items() if k[0] == target)
-            self.rich.update(self.tasks[target], completed=mine)
-            if self.overall is not None:
-                self.rich.update(self.overall, completed=sum(self.done.values()))
+            self.bars.update(target, sum(v for k, v in self.done.items() if k[0] == target))
 
     def __enter__(self):
-        self.rich.start()
+        self.bars.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.rich.stop()
+        self.bars.__exit__(*exc)
 
 
 def _copy_target(source: Session, target: Host, plan: CopyPlan, src: Manifest, v: dict, opts: "SyncOptions",
@@ -453,15 +465,15 @@ def _peer_check(runner: Runner, source: Host, targets: list[Host]) -> C.CheckRes
     return check_ssh_peer(source, split_output(r.stdout, [section], token)["ssh_peer"], targets)
 
 
-def sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
+def sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> SyncReport:
     if opts.dry_run:
-        return _sync_model(inv, opts, console)
+        return _sync_model(inv, opts, view)
     host = lock_host(inv)
     with Runner([host]) as lr, HeadLock(lr.session(host), "inv sync-model"):
-        return _sync_model(inv, opts, console)
+        return _sync_model(inv, opts, view)
 
 
-def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
+def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> SyncReport:
     source, targets = _targets(inv, opts)
     v = dict(source.vars)
     mode = opts.verify or v["sync_verify"]
@@ -475,7 +487,7 @@ def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
     if opts.transport not in TRANSPORTS:
         raise UsageError(f"--transport {opts.transport!r}: must be ssh or rsyncd")
     rep = SyncReport(source.name, mode, [t.name for t in targets], dry_run=opts.dry_run, transport=opts.transport)
-    say = (lambda m: console.print(m, style="dim")) if console else (lambda m: None)
+    say = view.say if view else (lambda m: None)
     with Runner([source] + targets) as runner:
         # 1. what is where (names, sizes, mtimes), and can the source reach the targets
         say(f"reading {v['model_path']} on {source.name} and {', '.join(rep.targets)}")
@@ -494,7 +506,7 @@ def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
             say(f"{source.name}: no checkpoint at {v['model_path']}: downloading {v['model_repo']} "
                 f"at {v['model_revision'][:12]}")
             r = runner.session(source).run(download_command(v), timeout=v["sync_timeout_s"],
-                                           on_output=lambda t: console.out(t, end="") if console else None)
+                                           on_output=view.out if view else None)
             if not r.ok:
                 rep.failure = f"{source.name}: download failed ({r.error or 'exit ' + str(r.rc)})"
                 rep.hint = "check the image, network access to the model hub and the revision; rerun resumes"
@@ -532,7 +544,7 @@ def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
                 rep.commands[t.name] = cmds
             return rep
         # 2. copy, host to host, all targets and streams at once
-        rep.copies = _run_copies(runner, source, targets, plans, src, v, opts, console, repair=False)
+        rep.copies = _run_copies(runner, source, targets, plans, src, v, opts, view, repair=False)
         if all(p.empty for p in plans.values()) and not opts.repair:
             rep.notes.append(f"nothing to send: every target already has all {len(src.files)} files "
                              f"with the same names, sizes and mtimes")
@@ -540,7 +552,7 @@ def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
         _verify(runner, rep, source, targets, v, mode, opts.rehash, say)
         # 4. repair exactly what differs, then verify again
         if opts.repair and any(rep.differences.values()) and not any(c.errors for c in rep.copies.values()):
-            _repair(runner, rep, source, targets, v, opts, console)
+            _repair(runner, rep, source, targets, v, opts, view)
             _verify(runner, rep, source, targets, v, mode, False, say)
     if any(c.errors for c in rep.copies.values()):
         rep.hint = next((c.hint for c in rep.copies.values() if c.errors and c.hint),
@@ -555,7 +567,7 @@ def _sync_model(inv: Inventory, opts: SyncOptions, console) -> SyncReport:
     return rep
 
 
-def _run_copies(runner, source, targets, plans, src, v, opts, console, repair) -> dict[str, TargetResult]:
+def _run_copies(runner, source, targets, plans, src, v, opts, view, repair) -> dict[str, TargetResult]:
     work = [t for t in targets if not plans[t.name].empty]
     results = {t.name: TargetResult(t.name, plans[t.name]) for t in targets}
     if not work:
@@ -567,7 +579,7 @@ def _run_copies(runner, source, targets, plans, src, v, opts, console, repair) -
     try:
         if opts.transport == "rsyncd":
             work = _start_daemons(runner, source, work, v, opts, daemons, results)
-        progress = Progress({t.name: plans[t.name] for t in work}, console) if console and work else None
+        progress = Progress(view.bars({t.name: plans[t.name] for t in work})) if view and work else None
         out: dict[str, TargetResult] = {}
 
         def one(t: Host) -> None:
@@ -639,7 +651,7 @@ def _verify(runner, rep, source, targets, v, mode, rehash, say) -> None:
         rep.differences[t.name] = [] if m.error or src.error else diff(src, m, mode)
 
 
-def _repair(runner, rep, source, targets, v, opts, console) -> None:
+def _repair(runner, rep, source, targets, v, opts, view) -> None:
     src = rep.manifests[source.name]
     plans = {}
     for t in targets:
@@ -651,7 +663,7 @@ def _repair(runner, rep, source, targets, v, opts, console) -> None:
         plan = CopyPlan(t.name, send=resend, bytes=sum(src.files[p].size for p in resend))
         plans[t.name] = plan
         rep.repaired[t.name] = [str(d) for d in diffs]
-    copies = _run_copies(runner, source, targets, plans, src, v, opts, console, repair=True)
+    copies = _run_copies(runner, source, targets, plans, src, v, opts, view, repair=True)
     for name, c in copies.items():
         prev = rep.copies.get(name)
         if prev:
