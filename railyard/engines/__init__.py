@@ -98,7 +98,7 @@ def by_name(name: str) -> Engine:
 def of(svc: Service) -> Engine | None:
     """The engine the service's container runs, or None (a proxy, a cache server, a router)."""
     words = [str(w) for w in svc.spec.command]
-    return next((e() for e in _registry().values() if e().serves(words)), None)
+    return next((engine for engine in (cls() for cls in _registry().values()) if engine.serves(words)), None)
 
 
 __all__ = ["Engine", "KvLine", "MILESTONES", "MILESTONE_LABELS", "by_name", "names", "of"]
