@@ -82,6 +82,16 @@ def test_no_token_but_moving_counters_is_busy_and_asked_again_for_the_rest_of_th
     assert [re.search(r"--max-time (\d+)", c).group(1) for c in chats] == ["20", "100"]
 
 
+def test_no_token_from_an_engine_whose_counters_are_still_zero_is_asked_again_not_hung():
+    """A fresh engine's first request: its first step not done when the probe's 20 s ran out (the real CPU
+    build's, TP=2 on two busy cores, in the lab's real stage), so both counters still read 0: no baseline,
+    no verdict of hung; it is asked again for the rest of the limit, and its answer passes."""
+    s = session([exposition(0, 0), exposition(0, 0), exposition(7, 16)], [(0, ""), (200, ANSWER)])
+    probes = by_name(verify._api_probes(s, EP, VLLM)[0])
+    assert "progress" not in probes and probes["chat completion"].ok
+    assert sum("/v1/chat/completions" in c for c in s.calls) == 2
+
+
 def test_vllm_hung_after_s_sets_how_long_the_probe_waits_before_the_counters_are_read_again():
     s = session([exposition(812, 4096), exposition(9000, 5120), exposition(9100, 5136)], [(0, ""), (200, ANSWER)],
                 hosts_vars={"vllm_hung_after_s": 5})
@@ -110,6 +120,10 @@ def test_the_judge_needs_both_reads_the_same_counters_and_health_for_hung():
     assert verify.judge_progress(before, dict(before), reads, 20.0, True)[0] == "hung"
     assert verify.judge_progress(before, dict(before), reads, 20.0, False)[0] == "unknown"     # down, not hung
     assert verify.judge_progress(before, None, reads, 20.0, True)[0] == "unknown"
+    zero = dict.fromkeys(before, 0.0)
+    assert verify.judge_progress(zero, dict(zero), reads, 20.0, True) == (
+        "cold", "no answer in 20 s from an engine that has made no token since it started (prompt_tokens_total 0, "
+                "generation_tokens_total 0 at 08:01:02 and 08:01:24): its first step may still be running")
     busy = verify.judge_progress(before, {**before, "vllm:generation_tokens_total": 36.0}, reads, 20.0, True)
     assert busy == ("busy", "no answer in 20 s, but it made progress between 08:01:02 and 08:01:24 "
                             "(generation_tokens_total +16)")

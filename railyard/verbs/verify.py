@@ -261,7 +261,9 @@ def health(inv: Inventory, cache_proof: int = 0) -> tuple[LaunchPlan, list[RankH
 # vLLM's /health answers 200 unless the engine is dead (EngineDeadError), so a wedged engine stays "healthy"
 # (vllm-project/vllm #36451, #39863); its progress shows only in /metrics. A probe that has no answer within
 # vllm_hung_after_s (20 s by default) is judged on the engine's token counters (Engine.progress): unchanged over that window
-# (while /health answers) is a hung engine; moved is a busy one, asked again for the rest of CHAT_LIMIT_S
+# (while /health answers) is a hung engine; moved is a busy one, asked again for the rest of CHAT_LIMIT_S. Counters
+# still at 0 are an engine that has not finished one step since it started: no baseline, so no verdict of hung (the
+# CPU build's first step took more than 20 s in the lab, two cores shared by its TP workers); it is asked again too
 CHAT_LIMIT_S = 120
 
 
@@ -277,14 +279,18 @@ def _counters(s: Session, ep: Endpoint, engine: Engine) -> tuple[dict | None, st
 
 def judge_progress(before: dict | None, after: dict | None, reads: tuple[float, float], waited_s: float,
                    health_ok: bool) -> tuple[str, str]:
-    """(`hung`, `busy` or `unknown`, the evidence) for an engine that gave the probe no token in waited_s:
+    """(`hung`, `busy`, `cold` or `unknown`, the evidence) for an engine that gave the probe no token in waited_s:
     hung only on evidence read twice (both /metrics samples at the times `reads`, the same token
-    counters) while /health answers."""
+    counters, not all 0) while /health answers; `cold` is an engine whose counters are still 0 (its first
+    step not done)."""
     def shown(c):
         return ", ".join(f"{k.split(':')[-1]} {v:,.0f}" for k, v in c.items())
     if before is None or after is None or set(before) != set(after):
         return "unknown", "its token counters could not be read twice from /metrics"
     at = " and ".join(time.strftime("%H:%M:%S", time.localtime(t)) for t in reads)
+    if after == before and health_ok and not any(after.values()):
+        return "cold", (f"no answer in {waited_s:.0f} s from an engine that has made no token since it started "
+                        f"({shown(after)} at {at}): its first step may still be running")
     if after == before:
         return ("hung" if health_ok else "unknown",
                 f"no token for the probe in {waited_s:.0f} s and its token counters did not move ({shown(after)} "
@@ -316,7 +322,7 @@ def _api_probes(s: Session, ep: Endpoint, engine: Engine) -> tuple[list[Probe], 
     if code == 0:  # no answer yet: did the engine move at all?
         after, _, t1 = _counters(s, ep, engine)
         verdict, evidence = judge_progress(before, after, (t0, t1), ms / 1000, health_ok)
-        if verdict == "busy":
+        if verdict in ("busy", "cold"):
             code, more, text = _curl(s, ep, "/v1/chat/completions", body, timeout=CHAT_LIMIT_S - hung_after)
             ms += more
         else:
