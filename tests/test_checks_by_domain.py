@@ -1,16 +1,17 @@
 """The preflight checks that had no test of their own (issue 22), one domain at a time, on real captured output:
 a pass on the healthy capture and the fail or warn text on a broken one. Origins: tests/fixtures/real/ORIGINS.md
-(ibdev2netdev/, ip/, show_gids/), FORMATS-ORIGINS.md (docker/, ethtool/, ping/) and nvidia-smi-h200/ORIGINS.md
-(host/df-P-B1-tmp.txt). Where no real capture of a tool's output exists (`ip -o link`), the line is the one
-tests/test_facts.py reads, in iproute2's `-o` layout; `du -sb` prints one `BYTES<TAB>PATH` line."""
+(ibdev2netdev/, ip/, show_gids/), FORMATS-ORIGINS.md (docker/, ethtool/, ping/, timedatectl/) and
+nvidia-smi-h200/ORIGINS.md (host/df-P-B1-tmp.txt, query-gpu-csv-noheader-nounits_idle.txt). Where no real capture
+of a tool's output exists (`ip -o link`), the line is the one tests/test_facts.py reads, in iproute2's `-o` layout; `du -sb` prints one `BYTES<TAB>PATH` line."""
 
 import ipaddress
 
-from railyard.checks import FAIL, PASS, SKIP, CheckResult
+from railyard.checks import FAIL, PASS, SKIP, WARN, CheckResult
 from railyard.checks.docker import check_docker
 from railyard.checks.net import check_gid, check_link_speed, check_mtu, check_rail_ip, check_rail_link, check_route
 from railyard.checks.parity import ClockSample, cross_image
-from railyard.checks.system import check_disk
+from railyard.checks.gpu import check_gpu
+from railyard.checks.system import check_disk, check_ntp
 from railyard.facts.probe import Output
 from railyard.inventory import Host, Rail, load_inventory
 from railyard.verbs.preflight import CHECKS, HostProbe, evaluate
@@ -274,3 +275,29 @@ def test_evaluate_passes_the_docker_check_on_a_daemon_that_answers():
     assert a["docker"].status == PASS
     assert a["image"].status == FAIL and a["image"].detail == "pinned digest sha256:4864d4660000 not present"
     assert a["image"].hint.startswith("docker pull vllm/vllm-openai:v0.30.0-aarch64@sha256:4864d466")
+
+
+# ---------------------------------------------------------------- gpu: the cluster's GPU present
+
+H200 = real("nvidia-smi-h200/query-gpu-csv-noheader-nounits_idle.txt")  # one idle H200
+
+
+def test_check_gpu_fails_without_a_gpu_of_the_cluster_and_without_any_gpu():
+    none = check_gpu(host(cluster_gpu_name="GB300"), out(H200), out(""))
+    assert none.status == FAIL and none.detail == "no GPU matches 'GB300'"
+    assert none.evidence == "0: NVIDIA H200" and "nvidia-smi -L" in none.hint
+    idle = check_gpu(host(cluster_gpu_name="H200"), out(H200), out(""))
+    assert idle.status == PASS and idle.detail.endswith("idle (0 MiB used of 143771)"), idle
+    gone = check_gpu(host(cluster_gpu_name="H200"), out("No devices were found\n", rc=6), out(""))
+    assert gone.status == FAIL and gone.detail == "nvidia-smi found no GPU"
+
+
+# ---------------------------------------------------------------- system: timedatectl
+
+def test_check_ntp_fails_an_unsynchronized_clock_and_warns_on_an_inactive_service():
+    bad = check_ntp(host(), out(real("timedatectl/web-timedatectl-unsynced-ntp-inactive.txt")))
+    assert bad.status == FAIL and bad.detail == "clock not synchronized" and "systemd-timesyncd" in bad.hint
+    idle = check_ntp(host(), out(real("timedatectl/web-timedatectl-systemd247-synced-ntp-inactive.txt")))
+    assert idle.status == WARN and idle.detail == "synchronized, but the NTP service is inactive"
+    ok = check_ntp(host(), out(real("timedatectl/web-timedatectl-systemd247-synced-ntp-active.txt")))
+    assert ok.status == PASS and ok.detail == "clock synchronized"

@@ -1,4 +1,8 @@
-"""Preflight against the lab: real sshd, real links and MTUs, simulated GPU/RDMA tools."""
+"""Preflight against the lab: real sshd, real links and MTUs, simulated GPU/RDMA tools. The faults here
+are the ones the network and the kernel make for real (MTU, links, addresses, sshd, host keys, a firewall,
+loss, a black hole, sysfs counters); a fault that only changes a stand-in's output (a busy GPU, a GID index,
+NTP, disk, docker, ECC, Xid, ACS) is judged on real captures by the unit tests (test_checks_by_domain.py,
+test_preflight_health.py, test_preflight_one_call.py) and run once on the lab by its runbook section."""
 
 import hashlib
 import json
@@ -71,17 +75,9 @@ FAULTS = [
     ("mtu", "1500", "B", "mtu", "mtu 1500, expected 9000"),
     ("link-down", None, "B", "rail_link", "is Down"),
     ("no-ip", None, "B", "rail_ip", f"no IPv4 address, expected {lab.NET}.101.12/24"),
-    ("gid-index", "none", "B", "gid", f"no RoCE v2 GID for {lab.NET}.101.12"),
-    ("ntp-unsynced", None, "B", "ntp", "not synchronized"),
     ("clock-skew", "30", "B", "clock_skew", "ahead of the others"),
-    ("gpu-busy", None, "B", "gpu", "python3 holds 8710 MiB"),
-    ("no-gpu", None, "B", "gpu", "no GPU matches 'GB300'"),
-    ("disk-full", None, "B", "disk", "need 2.0 GB"),
     ("sshd-down", None, "B", "ssh", "connection refused"),
     ("host-key-changed", None, "B", "ssh", "host_key_changed"),
-    ("missing-tool", "ibdev2netdev", "B", "rail_link", "tool `ibdev2netdev` not found"),
-    ("docker-down", None, "B", "docker", "Docker daemon is unreachable"),
-    ("image-mismatch", None, "B", "image", "not present"),
 ]
 
 
@@ -98,56 +94,6 @@ def test_fault_fails_the_expected_check_and_heal_restores(healthy_lab, kind, val
     assert (other, check) not in failing(results) or check in ("clock_skew",)
     faults.heal()
     assert failing(preflight(healthy_lab)) == []
-
-
-def test_gpu_health_parity_and_chrony_faults_each_fail_their_check_once(healthy_lab):
-    """One preflight run with four faults on the lab's stand-ins (real formats: nvidia-smi's health query,
-    dmesg's Xid line, chronyc tracking): each fails its own check, on its own host, with the fix."""
-    faults.fault("B", "gpu-ecc", "2")
-    faults.fault("A", "xid", "48")
-    faults.fault("B", "driver-mismatch", "570.195.03")
-    faults.fault("A", "missing-tool", "timedatectl")  # the host keeps time with chrony only
-    faults.fault("A", "ntp-unsynced")
-    res = by(preflight(healthy_lab))
-    ecc = res[("B", "gpu_health")]
-    assert ecc.status == "fail" and "2 uncorrectable ECC error(s)" in ecc.detail and "row remapping pending" in ecc.detail
-    assert "nvidia-smi -r" in ecc.hint
-    xid = res[("A", "gpu_health")]
-    assert xid.status == "fail" and "Xid 48 since boot" in xid.detail and "NVRM: Xid (PCI:" in xid.evidence
-    drv = res[("B", "parity")]
-    assert drv.status == "fail" and "NVIDIA driver 570.195.03" in drv.detail and "580.105.08" in drv.detail
-    assert res[("A", "parity")].status == "fail"  # two ranks, 1:1: both named
-    ntp = res[("A", "ntp")]
-    assert ntp.status == "fail" and ntp.detail.startswith("chrony: clock not synchronised"), ntp
-    assert res[("B", "ntp")].status == "pass" and res[("B", "gpu")].status == "pass"
-    faults.heal()
-    faults.fault("A", "missing-tool", "timedatectl")  # chrony alone, synchronised: a real pass, not a skip
-    res = by(preflight(healthy_lab))
-    assert res[("A", "ntp")].status == "pass" and "chrony: synchronised to C6120001 (ntp.lab)" in res[("A", "ntp")].detail
-    faults.heal()
-
-
-def test_gpudirect_rdma_readiness_faults_fail_gdr_with_the_fix(healthy_lab):
-    """nvidia_peermem unloaded (lsmod), ACS redirect on the switch ports (lspci -vvv), rail counters climbing
-    between two reads (ethtool -S): one preflight run, each named in gdr with its fix."""
-    faults.fault("A", "no-peermem")
-    faults.fault("B", "acs-redirect")
-    faults.fault("B", "rail-errors")
-    res = by(preflight(healthy_lab))
-    a, b = res[("A", "gdr")], res[("B", "gdr")]
-    assert a.status == "fail" and "nvidia_peermem not loaded" in a.detail and "modprobe nvidia_peermem" in a.hint
-    assert "mlx5_1 port 1 PORT_ACTIVE, link_layer Ethernet" in a.evidence
-    # the station's ConnectX-8 sits on switch port 03:00.0, the GB300 on a root port of its own (lspci -PP)
-    assert b.status == "fail" and ("ACS redirects peer-to-peer on PCIe switch port(s) 03:00.0, on the path between "
-                                   "GPU(s) 0008:06:00.0 and the rail NIC cx8r1 (04:00.1)") in b.detail
-    assert "rx_symbol_err_phy +" in b.detail and "setpci -s BDF ECAP_ACS+0x6.w=0000" in b.hint
-    assert "ethtool -m cx8r1" in b.hint
-    faults.heal()
-    res = by(preflight(healthy_lab))
-    assert res[("A", "gdr")].status == "pass" and "nvidia_peermem loaded" in res[("A", "gdr")].detail
-    assert "ACS off on the 1 switch downstream port(s) between GPU(s) 0008:06:00.0 and the rail NIC cx8r1" \
-        in res[("B", "gdr")].evidence
-    assert "cx8r1 counters (ethtool -S): all error counters 0" in res[("B", "gdr")].evidence
 
 
 def test_acs_redirect_off_the_gpu_nic_path_is_a_note_and_sysfs_counters_move_for_real(healthy_lab):
@@ -229,15 +175,6 @@ def test_a_healthy_24_host_lab_gives_no_warning():
         assert all("23 peer" in r.detail or r.check != "route" for r in results)
     finally:
         inv_cmd("lab.up", timeout=900)  # back to the 2-host lab the other tests share
-
-
-def test_gid_index_is_discovered_not_assumed(healthy_lab):
-    faults.fault("B", "gid-index", "7")
-    res = by(preflight(healthy_lab))
-    assert res[("B", "gid")].status == "pass" and f"GID index 7 for {lab.NET}.101.12" in res[("B", "gid")].detail
-    assert "GID index 3" in res[("A", "gid")].detail
-    pinned = by(preflight(healthy_lab, "preflight_gid_index=3"))
-    assert pinned[("B", "gid")].status == "fail" and "is 7, inventory expects 3" in pinned[("B", "gid")].detail
 
 
 def test_ssh_peer_fails_without_the_heads_key(healthy_lab):
