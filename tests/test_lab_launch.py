@@ -1,11 +1,12 @@
 """env and launch against the lab's docker and vLLM stand-ins, where the lab's own behaviour is what is
 tested: env files on the hosts, docker's refusal of a missing device, hostile values through a real shell,
-the API key in no argv, log or file, the lock between operators, the NCCL log of a wrong GID index.
+the API key in no argv, log or file.
 
 railyard's launch decisions (workers first, the gate, a relaunch that is a no-op, stop and start in rank
 order, a busy GPU, a worker that never joins, rollback) are tested on fake sessions in
-test_unit_launch_decisions.py; the real engine's bring-up, timeline, stop/start and logs are in
-test_lab_real_stations.py."""
+test_unit_launch_decisions.py, the lock between operators in test_lock.py, and each on the lab by its
+runbook section (as is a wrong GID index's NCCL log); the real engine's bring-up, timeline, stop/start
+and logs are in test_lab_real_stations.py."""
 
 import json
 import shlex
@@ -127,39 +128,11 @@ def test_hostile_values_stay_values(clean):
     assert f"X_HOSTILE={hostile}" in shlex.split(line)
 
 
-def test_a_wrong_gid_index_gives_completions_that_ran_out_of_retries(clean):
-    """The stand-in's NCCL log for a wrong GID index, in the form of a real NCCL 2.30 capture
-    (fixtures/real/nccl/public, NVIDIA/nccl#2397 for the line, #426 for the cause): the channels are
-    set up over GDRDMA, then every completion fails, the peer never answering at that GID."""
-    r = inv_cmd("launch", "-i", str(clean), "--set", "vllm_extra_env={NCCL_IB_GID_INDEX: '1'}", "--timeout", "60")
-    assert r.returncode == 0, r.stdout + r.stderr
-    nccl = on("A", f"docker exec {NAME} sh -c 'cat /tmp/nccl_*.log'").stdout
-    assert "via NET/IB/0/GDRDMA\n" in nccl and "NCCL_IB_GID_INDEX set by environment to 1.\n" in nccl
-    assert f"NCCL WARN NET/IB: Got completion from peer {lab.NET}.101.12<43210> with status=IBV_WC_RETRY_EXC_ERR(12)" in nccl
-    assert f"vendor_err=129 localGid ::ffff:{lab.NET}.101.11 remoteGids::ffff:{lab.NET}.101.12 hca mlx5_1" in nccl
-
-
 def test_launch_refuses_stale_env_files(clean):
     faults.fault("B", "gid-index", "7")
     with pytest.raises(LaunchError, match="not current on B: run `inv env`"):
         launch(inv(clean), None, False, False, 60, False, None)
     assert "No such" in on("B", f"docker inspect {NAME}").stderr
-
-
-def test_a_second_operator_is_refused_while_the_head_is_locked(clean):
-    d = home("A") / ".cache" / "railyard" / "lock"
-    d.mkdir(parents=True)
-    (d / "owner").write_text(json.dumps({"user": "alice", "machine": "bastion-2", "pid": 4242,
-                                         "since": "2026-12-01T08:00:00Z", "command": "inv launch"}))
-    for verb in ("launch", "stop", "sync-model"):
-        r = inv_cmd(verb, "-i", str(clean))
-        assert r.returncode == 1 and "A is locked by alice@bastion-2 (pid 4242, `inv launch`" in r.stderr, r.stderr
-    assert "No such" in on("A", f"docker inspect {NAME}").stderr  # nothing started
-    r = inv_cmd("unlock", "-i", str(clean))
-    assert r.returncode == 0 and "removed the lock of alice@bastion-2" in r.stdout and not d.exists()
-    r = inv_cmd("launch", "-i", str(clean), "--timeout", "60")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert not d.exists()  # released after the launch
 
 
 def test_the_api_key_is_in_no_argv_log_json_or_readable_file(clean):
