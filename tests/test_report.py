@@ -303,7 +303,7 @@ def test_health_and_verify_tasks(capsys, monkeypatch, no_inventory):
     from railyard.verbs import verify
     plan = type("P", (), {"endpoint": type("E", (), {"host": "A", "service": "rank0"})(), "layout": "multinode_tp",
                           "verifiers": ("rdma",), "hosts": lambda self: ["A", "B"]})()
-    monkeypatch.setattr(verify, "health", lambda inv, proof=0: (plan, *health_data(dead="B")))
+    monkeypatch.setattr(verify, "health", lambda inv, proof=0, canary="": (plan, *health_data(dead="B")))
     code, out, _ = run_task(capsys, verify_cli.health, None, True)
     assert code == 1 and json.loads(out)["ok"] is False
     monkeypatch.setattr(verify, "verify_rdma", lambda inv: (plan, [gdr("A"), gdr("B")]))

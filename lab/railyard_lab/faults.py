@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Callable
 
 from railyard.errors import UsageError
 from . import (SIM_TOOLS, LabError, LabHost, _pid_alive, hosts_of, in_host, lab_dir, lab_host,
-               restart_sshd, sh, start_sshd, stop_sshd)
+               restart_sshd, session_env, sh, start_sshd, stop_sshd)
 
 
 def _faults_file(h: LabHost) -> Path:
@@ -286,6 +287,69 @@ def _engine_hang_heal(h, value):
     _remove(h, "engine-hang")
 
 
+WRONG_SEED = 1          # the lab model's other seed: the same config and tokenizer, other weights
+WEIGHTS = "model.safetensors"
+
+
+def _docker(h: LabHost, *argv: str) -> subprocess.CompletedProcess:
+    env = [f"{k}={v}" for k, v in session_env(h).items()]
+    return in_host(h, "env", *env, "docker", *argv, check=False)
+
+
+def _engine_containers(h: LabHost, service: str | None) -> list[tuple[str, str]]:
+    """(name, the host directory it serves as /model) of the host's running containers that serve a checkpoint,
+    or of container SERVICE (its name, or its name's last part)."""
+    out = []
+    for cfg_file in sorted((h.dir / "docker" / "containers").glob("*/config.json")):
+        name = cfg_file.parent.name
+        if service is not None and name != service and not name.endswith("-" + service):
+            continue
+        binds = json.loads(cfg_file.read_text())["HostConfig"]["Binds"]
+        src = next((b.split(":")[0] for b in binds if b.split(":")[1] == "/model"), None)
+        if src and _docker(h, "inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "true":
+            out.append((name, src))
+    return out
+
+
+def _wrong_weights(h, value):
+    """The checkpoint each engine container (or SERVICE) serves gets the weights of another seed of the lab
+    model on disk (the same config.json, tokenizer, names and sizes; the file's mtime kept, so a size or
+    mtime manifest sees no change), and those containers are restarted (docker stop, start): they load it.
+    Another engine that serves the same directory keeps the weights it loaded until it restarts."""
+    from .components import model
+    chosen = _engine_containers(h, value)
+    if not chosen:
+        raise UsageError(f"lab.fault wrong-weights: no running container serving /model on {h.name}"
+                         + (f" named {value!r} or ending in -{value}" if value else ""))
+    kept = {}
+    for src in dict.fromkeys(src for _, src in chosen):
+        weights = h.home / src.removeprefix("/root/") / WEIGHTS
+        kind = "moe" if "num_experts" in (weights.parent / "config.json").read_text() else "dense"
+        backup = h.state / f"wrong-weights.{len(kept)}"
+        shutil.copy2(weights, backup)
+        st = weights.stat()
+        shutil.copyfile(model(kind, WRONG_SEED, log=lambda *_: None) / WEIGHTS, weights)
+        os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+        kept[str(weights)] = str(backup)
+    _write(h, "wrong-weights", json.dumps(kept))
+    for name, _ in chosen:
+        if _docker(h, "stop", name).returncode != 0 or _docker(h, "start", name).returncode != 0:
+            raise LabError(f"lab.fault wrong-weights: could not restart {name} on {h.name}")
+    return value or "all"
+
+
+def _wrong_weights_heal(h, value):
+    """The checkpoint's own weights back on disk; what runs keeps the weights it loaded until it restarts."""
+    try:
+        kept = json.loads((h.state / "wrong-weights").read_text())
+    except (OSError, ValueError):
+        kept = {}
+    for weights, backup in kept.items():
+        shutil.copy2(backup, weights)
+        Path(backup).unlink()
+    _remove(h, "wrong-weights")
+
+
 def _state_choice(kind: str, choices: tuple[str, ...], meaning: str):
     """A fault that writes one of a few values into the host's state file `kind`."""
     def inject(h, value):
@@ -445,6 +509,10 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "link-down": (_link_down, _link_heal, "take the serving rail's link down"),
     "engine-hang": (_engine_hang, _engine_hang_heal, "stop (SIGSTOP) the engine processes of the host's containers, "
                     "or of container SERVICE: alive, holding their GPUs, their API still up, making no progress"),
+    "wrong-weights": (_wrong_weights, _wrong_weights_heal, "the checkpoint of the host's engine containers, or of "
+                      "container SERVICE, replaced on disk by another seed of the lab model (same config, tokenizer, "
+                      "sizes and mtime), and those containers restarted: they serve, and answer otherwise; heal puts "
+                      "the weights back on disk (a restart loads them)"),
     "mgmt-down": (_mgmt_down, _mgmt_heal, "take the management link down (SSH from the control machine stops answering)"),
     "no-ip": (_no_ip, _no_ip_heal, "remove the serving rail's IPv4 address"),
     "gid-index": (_gid_index, _state_heal("gid-index"), "move the RoCE v2 IPv4 GID to index N (odd, default 5), or none"),

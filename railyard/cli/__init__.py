@@ -196,12 +196,13 @@ class RTask(Task):
 
 
 def rtask(*, help: dict | None = None, numbers: dict | None = None, iterable=(), positional=None,
-          json_help: str = JSON):
+          optional=(), json_help: str = JSON):
     """Declare a task: the function's parameters are its flags (`set_` is `--set`), its docstring the help.
 
     help: the task's own flags' help (`--inventory`, `--set` and `--json` have theirs; json_help
     replaces `--json`'s); numbers: {parameter: int or float}, converted before the body runs;
-    iterable: repeatable flags besides `--set`; positional: as invoke's."""
+    iterable: repeatable flags besides `--set`; positional, optional (flags whose value may be left out): as
+    invoke's."""
     def declare(body) -> RTask:
         params = inspect.signature(body).parameters
         shared = {"inventory": INVENTORY, "set_": SET, "json": json_help}
@@ -218,7 +219,7 @@ def rtask(*, help: dict | None = None, numbers: dict | None = None, iterable=(),
                     bound.arguments[name] = number(bound.arguments[name], _flag(name), kind)
             return run(*bound.args, **bound.kwargs)
 
-        return RTask(convert, help=texts, positional=positional,
+        return RTask(convert, help=texts, positional=positional, optional=list(optional),
                      iterable=(["set_"] if "set_" in params else []) + list(iterable))
     return declare
 

@@ -64,15 +64,15 @@ def _nixl_verdicts(plan, verdicts: list, json_out: bool) -> int:
     return report.exit_code
 
 
-def _health_look(inv, cache_proof: int = 0):
+def _health_look(inv, cache_proof: int = 0, canary: str = ""):
     """One look: (plan, ranks, probes, metrics, report)."""
     from ..verbs.verify import health as run, health_report
-    plan, ranks, probes, metrics = run(inv, cache_proof)
+    plan, ranks, probes, metrics = run(inv, cache_proof, canary)
     return plan, ranks, probes, metrics, health_report(ranks, probes, metrics, plan.endpoint.host)
 
 
-def _health_once(inv, json_out: bool, indent: int | None = 2, cache_proof: int = 0) -> int:
-    plan, ranks, probes, metrics, report = _health_look(inv, cache_proof)
+def _health_once(inv, json_out: bool, indent: int | None = 2, cache_proof: int = 0, canary: str = "") -> int:
+    plan, ranks, probes, metrics, report = _health_look(inv, cache_proof, canary)
     if json_out:
         return report.print_json(indent)
     return _health_view(plan, ranks, probes, metrics, report)
@@ -106,6 +106,15 @@ def _health_view(plan, ranks, probes, metrics, report) -> int:
     if kv and kv["per_rank"]:
         con.print("KV tokens per DP rank: " + ", ".join(f"{r}: {n:,}" for r, n in kv["per_rank"].items()) +
                   f" (min {kv['min']:,}, sum {kv['sum']:,}, spread {kv['spread'] * 100:.1f} %)")
+    canary = [c for c in report.checks if c.check == "canary"]
+    if canary:
+        t = Table(title=f"health: canary ({metrics['canary']['file']})", title_justify="left")
+        for c in ("host", "result", "detail", "answers"):
+            t.add_column(c, overflow="fold")
+        for c in canary:
+            t.add_row(c.host, Text(c.status.upper(), style="green" if c.status == "pass" else "bold red"),
+                      c.detail + (f" (fix: {c.hint})" if c.hint else ""), c.evidence)
+        con.print(t)
     con.print(Text("OK: healthy" if ok else "FAILED: see above", style="bold green" if ok else "bold red"))
     return report.exit_code
 
@@ -113,17 +122,25 @@ def _health_view(plan, ranks, probes, metrics, report) -> int:
 @rtask(help={"watch": "repeat every N seconds as a live view",
              "cache-proof": "replicas layout: one long new prompt to r0, then to r1; r1 must reuse r0's KV from LMCache",
              "proof-words": "length of that prompt in words (default 16384, or half the engine's max_model_len when "
-                            "shorter)"},
-       numbers={"watch": float, "proof_words": int})
-def health(inventory=None, json=False, watch=None, cache_proof=False, proof_words=None, set_=None):
+                            "shorter)",
+             "canary": "ask every engine (each replica, and the router) fixed prompts at temperature 0 and fail one "
+                       "whose answers differ from the record; `--canary record` keeps this deployment's answers"},
+       numbers={"watch": float, "proof_words": int}, optional=("canary",))
+def health(inventory=None, json=False, watch=None, cache_proof=False, proof_words=None, canary=None, set_=None):
     """Services up and on their GPUs; the endpoint's /health, /v1/models, a real chat completion, /metrics."""
     proof = 0
     if cache_proof:
         from ..plan.layout import CACHE_PROOF_AUTO
         proof = CACHE_PROOF_AUTO if proof_words is None else proof_words
+    if canary not in (None, True, "record"):
+        raise UsageError(f"--canary {canary}: `--canary` judges the answers against the record, `--canary record` "
+                         "keeps them")
+    if canary and watch:
+        raise UsageError("--canary with --watch: ask the canary once (inv health --canary), watch without it")
     inv = load(inventory, set_)
     if not watch:
-        return _health_once(inv, json, cache_proof=proof)
+        return _health_once(inv, json, cache_proof=proof,
+                            canary="" if not canary else "record" if canary == "record" else "check")
     if watch < 1:
         raise UsageError(f"--watch {watch}: at least 1 second")
     seen: dict | None = None

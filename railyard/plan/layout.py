@@ -20,6 +20,7 @@ the layout has none (None):
     rdma_report(verdicts)                the Report of those verdicts (with verify_rdma)
     api_probes(plan, cache_proof)        `inv health`'s probes of the endpoint, in place of the generic ones
     cache_proof                          True: `inv health --cache-proof` has a shared cache to prove
+    canary_targets(plan)                 the APIs `inv health --canary` asks, in place of the endpoint alone
     recover(inv, runner, plan, ...)      `inv recover`
 """
 
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 from ..errors import InventoryError, Problem
 from ..facts.host import HostFacts
 from ..inventory import Host, Inventory
-from .spec import Dial, LaunchPlan
+from .spec import Dial, Endpoint, LaunchPlan
 
 if TYPE_CHECKING:
     from ..report import Report
@@ -94,6 +95,9 @@ class Layout:
         return None
 
     def api_probes(self, plan: LaunchPlan, cache_proof: int) -> Callable | None:
+        return None
+
+    def canary_targets(self, plan: LaunchPlan) -> list[Endpoint] | None:
         return None
 
     def recover(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, target: str | None, dry_run: bool,

@@ -32,6 +32,7 @@ from ..checks.health import CHAT_PROBE, Probe, RankHealth, judge_answer
 from ..checks.nccl import RankVerdict, judge
 from ..facts.docker import inspect, log_tail, uptime
 from ..transport.http import parse_metrics, request
+from ..apply import lock
 from ..apply.executor import describe
 from ..transport.runner import Runner
 from ..plan import layout as layouts
@@ -224,38 +225,66 @@ def _service_health(s: Session, svc: Service) -> RankHealth:
                       not reasons, reasons)
 
 
-def health(inv: Inventory, cache_proof: int = 0) -> tuple[LaunchPlan, list[RankHealth], list[Probe], dict]:
+def health(inv: Inventory, cache_proof: int = 0, canary: str = "") -> tuple[LaunchPlan, list[RankHealth], list[Probe],
+                                                                          dict]:
     """Every service's container and GPUs, then the endpoint's API probes: the layout's own where it
     has them (its api_probes hook gives api_probes(runner, plan, ranks) -> (probes, metrics)), else
-    the generic ones. cache_proof: the words of `--cache-proof`'s prompt, for a layout with a shared cache."""
+    the generic ones. cache_proof: the words of `--cache-proof`'s prompt, for a layout with a shared cache.
+    canary: `check` or `record` (railyard.verbs.canary), its verdicts in metrics["canary"]."""
     layout = layouts.get(inv)
     if cache_proof and not layout.cache_proof:
         have = " or ".join(layouts.names_where(lambda cls: cls.cache_proof))
         raise UsageError(f"--cache-proof: layout {layout.name} has no shared cache (serve_layout {have} has)")
     with Runner(layout.hosts(inv)) as runner:
         plan = build_plan(inv, runner, strict=False)
-        got = runner.each(lambda s: [_service_health(s, svc) for svc in plan.on_host(s.host.name)])
-        ranks = []
-        for h in plan.report_hosts():
-            ranks += got.ok[h] if h in got.ok else [
-                RankHealth(h, svc.rank, svc.name, "unreachable", None, None, None, False, [str(got.failed[h].error)])
-                for svc in plan.on_host(h)]
-        api_probes = layout.api_probes(plan, cache_proof)
-        if api_probes is not None:
-            return (plan, ranks, *api_probes(runner, plan, ranks))
-        ep = plan.endpoint
-        s = runner.session(ep.host)
-        svc = plan.service(ep.service)
-        engine = engines.of(svc)
-        if engine is None:  # a layout whose endpoint is a proxy brings its own probes (api_probes)
-            raise RailyardError(f"health: the endpoint {svc.name} runs no engine and layout {layout.name} "
-                                "has no probes of its own")
-        probes, metrics = _api_probes(s, ep, engine)
-        text = metrics.pop("_text", "")
-        if "kv_engines" in plan.verifiers:
-            more, metrics["kv_per_rank"] = _engine_probes(s, svc, text, engine)
-            probes += more
+        ranks, probes, metrics = _health(layout, plan, runner, cache_proof)
+        if canary:
+            metrics["canary"] = _canary(inv, layout, plan, runner, canary,
+                                        all(r.ok for r in ranks) and all(p.ok for p in probes))
     return plan, ranks, probes, metrics
+
+
+def _canary(inv: Inventory, layout, plan: LaunchPlan, runner: Runner, mode: str, healthy: bool) -> dict:
+    """`--canary` (mode check) or `--canary record`: the verdicts, and where the record is kept (the deployment's
+    first host, beside the launch timeline). A deployment that is not healthy is not recorded."""
+    from . import canary
+    host = lock.lock_host(inv)
+    path = canary.path_for(host.vars["vllm_state_dir"], plan.deployment)
+    where = f"{host.name}:{path}"
+    targets = layout.canary_targets(plan) or [plan.endpoint]
+    s = runner.session(host)
+    if mode == "record":
+        verdicts = (canary.record(inv, plan, runner, targets, s, path) if healthy else
+                    [canary.Verdict("-", plan.endpoint.host, FAIL, "not recorded: the health checks above fail; "
+                                    "record answers only of a deployment that is healthy", [])])
+    else:
+        verdicts = canary.check(inv, plan, runner, targets, canary.load(s, path), where)
+    return {"mode": mode, "file": where, "verdicts": [asdict(v) for v in verdicts]}
+
+
+def _health(layout, plan: LaunchPlan, runner: Runner, cache_proof: int) -> tuple[list[RankHealth], list[Probe], dict]:
+    got = runner.each(lambda s: [_service_health(s, svc) for svc in plan.on_host(s.host.name)])
+    ranks = []
+    for h in plan.report_hosts():
+        ranks += got.ok[h] if h in got.ok else [
+            RankHealth(h, svc.rank, svc.name, "unreachable", None, None, None, False, [str(got.failed[h].error)])
+            for svc in plan.on_host(h)]
+    api_probes = layout.api_probes(plan, cache_proof)
+    if api_probes is not None:
+        return (ranks, *api_probes(runner, plan, ranks))
+    ep = plan.endpoint
+    s = runner.session(ep.host)
+    svc = plan.service(ep.service)
+    engine = engines.of(svc)
+    if engine is None:  # a layout whose endpoint is a proxy brings its own probes (api_probes)
+        raise RailyardError(f"health: the endpoint {svc.name} runs no engine and layout {layout.name} "
+                            "has no probes of its own")
+    probes, metrics = _api_probes(s, ep, engine)
+    text = metrics.pop("_text", "")
+    if "kv_engines" in plan.verifiers:
+        more, metrics["kv_per_rank"] = _engine_probes(s, svc, text, engine)
+        probes += more
+    return ranks, probes, metrics
 
 
 # vLLM's /health answers 200 unless the engine is dead (EngineDeadError), so a wedged engine stays "healthy"
@@ -385,6 +414,10 @@ def health_report(ranks: list, probes: list, metrics: dict, endpoint_host: str) 
         ev = f"{p.name}" + (f" in {p.ms:.0f} ms" if p.ms else "")
         checks.append(CheckResult(endpoint_host, _slug(p.name), PASS if p.ok else FAIL, p.detail, ev,
                                   "" if p.ok else f"inv status, then inv logs --rank {endpoint_host} --lines 50"))
+    if "canary" in metrics:
+        from .canary import Verdict, checks as canary_checks
+        c = metrics["canary"]
+        checks += canary_checks([Verdict(**v) for v in c["verdicts"]], c["mode"] == "record")
     return Report(checks, {"ranks": [asdict(r) for r in ranks], "probes": [asdict(p) for p in probes],
                            "metrics": metrics})
 

@@ -49,6 +49,10 @@ class Replicas(Layout, name="replicas"):
         from .health import api_probes
         return api_probes(cache_proof)
 
+    def canary_targets(self, plan: LaunchPlan) -> list[Endpoint]:
+        """Each replica directly, then the router: a wrong replica is named, and what users get is judged."""
+        return [Endpoint.of(x, plan.endpoint.model) for x in plan.services() if x.role == "replica"] + [plan.endpoint]
+
     def recover(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None, dry_run: bool,
                 timeout: float | None, drain_timeout: float, show: Any) -> Any:
         """A crashed or named replica: the short or the long path (railyard.layouts.replicas.recover)."""

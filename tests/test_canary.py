@@ -1,0 +1,135 @@
+"""`inv health --canary`: each target's answers to the fixed prompts against the record, on scripted
+sessions (the answers are vLLM's chat completion shape, tests/fixtures/real/vllm-api). What this proves is
+railyard's judgment: a differing answer asked again before it fails, the failing target named with the
+prompt and both answers, no record or a record of another deployment judged as such, never as the
+engines' fault. The real engine's answers (another seed of the lab model answering otherwise) are the
+lab's: test_lab_real_replicas.py."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from railyard.checks import FAIL, PASS, WARN
+from railyard.inventory import Host
+from railyard.plan.spec import Endpoint, LaunchPlan
+from railyard.testing import FakeSession
+from railyard.verbs import canary
+
+R0 = Endpoint("r0", "A", "127.0.0.1", 8001, "", "railyard-lab/tiny-qwen3")
+R1 = Endpoint("r1", "A", "127.0.0.1", 8002, "", "railyard-lab/tiny-qwen3")
+RIGHT = ["the bank of the old mill", "red, green and blue", "copper lantern orbit"]
+WRONG = "vowel summit quartz marble"
+
+
+def completion(text: str) -> str:
+    return json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "model": "railyard-lab/tiny-qwen3",
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                    "finish_reason": "length"}],
+                       "usage": {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20}})
+
+
+def session(by_port: dict[int, list[str | None]]) -> FakeSession:
+    """Each port answers its list in turn (None: no answer); the prompt picks nothing, the order does."""
+    queues = {p: iter(a) for p, a in by_port.items()}
+
+    def reply(script: str):
+        port = int(re.search(r"127\.0\.0\.1:(\d+)/v1/chat/completions", script).group(1))
+        got = next(queues[port])
+        if got is None:
+            return 28, "\n@@000 120.0 ", "curl: (28) Operation timed out after 120001 milliseconds with 0 bytes received"
+        return 0, completion(got) + "\n@@200 0.05 ", ""
+    return FakeSession(Host("A", 0, "198.18.0.11", 22, "root", "ssh", "", {}, {})).on(
+        re.compile(r"/v1/chat/completions"), reply).on(re.compile(r"canary\.json.*mv -f"), (0, ""))
+
+
+class Runner:
+    def __init__(self, s: FakeSession):
+        self.s = s
+
+    def session(self, host):
+        return self.s
+
+
+def test_an_engine_that_gives_the_recorded_answers_passes_on_one_ask_each():
+    s = session({8001: list(RIGHT)})
+    v = canary.judge(R0, RIGHT, lambda p: canary.ask(s, R0, p))
+    assert v.status == PASS and v.detail == "r0: the 3 canary answers are the recorded ones"
+    bodies = [c for c in s.calls if "/v1/chat/completions" in c]
+    assert len(bodies) == 3
+
+
+def test_an_answer_that_differs_three_times_fails_naming_the_target_the_prompt_and_both_answers():
+    s = session({8002: [RIGHT[0], WRONG, WRONG, WRONG]})
+    v = canary.judge(R1, RIGHT, lambda p: canary.ask(s, R1, p))
+    assert v.status == FAIL
+    assert v.detail == (f"r1: the answer to canary prompt 2 ({canary.PROMPTS[1]!r}) differs from the record in 3 asks "
+                        f"of 3: \"{WRONG}\", recorded \"{RIGHT[1]}\"")
+
+
+def test_an_answer_that_differs_once_then_matches_passes():
+    """Greedy decoding can differ with the batch it runs in: one differing answer is no verdict."""
+    s = session({8001: [RIGHT[0], WRONG, RIGHT[1], RIGHT[2]]})
+    assert canary.judge(R0, RIGHT, lambda p: canary.ask(s, R0, p)).status == PASS
+
+
+def test_no_answer_fails_with_curls_words():
+    s = session({8001: [None]})
+    v = canary.judge(R0, RIGHT, lambda p: canary.ask(s, R0, p))
+    assert v.status == FAIL and v.detail.startswith("r0: no answer to canary prompt 1: no answer: curl: (28)")
+
+
+def _plan(layout="replicas") -> LaunchPlan:
+    return LaunchPlan("vllm-replicas", layout, (), R0)
+
+
+class Inv:
+    def __init__(self, revision="a" * 40):
+        self.head = Host("A", 0, "198.18.0.11", 22, "root", "ssh", "", {},
+                         {"model_path": "~/models/tiny-qwen3", "model_revision": revision})
+
+
+def _record(targets, revision="a" * 40) -> dict:
+    return canary.identity(Inv(revision), _plan(), targets) | {"prompts": list(canary.PROMPTS),
+                                                               "answers": {t.service: RIGHT for t in targets}}
+
+
+def test_check_fails_the_wrong_replica_alone():
+    s = session({8001: list(RIGHT), 8002: [WRONG] * 3})
+    got = canary.check(Inv(), _plan(), Runner(s), [R0, R1], _record([R0, R1]), "A:~/.cache/x/canary.json")
+    assert [(v.target, v.status) for v in got] == [("r0", PASS), ("r1", FAIL)]
+
+
+def test_no_record_fails_the_canary_not_an_engine_and_another_revision_invalidates_it():
+    s = session({})
+    none = canary.check(Inv(), _plan(), Runner(s), [R0], None, "A:~/.cache/x/canary.json")
+    assert [(v.target, v.status) for v in none] == [("-", FAIL)]
+    assert none[0].detail.startswith("no canary record at A:~/.cache/x/canary.json")
+    old = canary.check(Inv("b" * 40), _plan(), Runner(s), [R0], _record([R0]), "A:f")
+    assert [(v.target, v.status) for v in old] == [("-", WARN)]
+    assert f"model_revision '{'a' * 40}' -> '{'b' * 40}'" in old[0].detail and "invalidated, not judged" in old[0].detail
+    more = canary.check(Inv(), _plan(), Runner(s), [R0, R1], _record([R0]), "A:f")
+    assert more[0].status == WARN and "targets ['r0'] -> ['r0', 'r1']" in more[0].detail
+    assert not [c for c in s.calls if "/v1/chat/completions" in c]   # no engine was asked
+
+
+def test_record_keeps_every_targets_answers_and_nothing_when_one_gives_none():
+    s = session({8001: list(RIGHT), 8002: list(RIGHT)})
+    got = canary.record(Inv(), _plan(), Runner(s), [R0, R1], s, "/root/.cache/railyard/serve/vllm-replicas/canary.json")
+    assert [v.status for v in got] == [PASS, PASS]
+    written = [c for c in s.calls if "canary.json" in c]
+    assert len(written) == 1 and "mv -f" in written[0]
+    s2 = session({8001: list(RIGHT), 8002: [None, None, None]})
+    got = canary.record(Inv(), _plan(), Runner(s2), [R0, R1], s2, "/root/x/canary.json")
+    assert [v.status for v in got] == [PASS, FAIL] and not [c for c in s2.calls if "canary.json" in c]
+
+
+def test_a_canary_value_other_than_record_is_a_usage_error_before_any_host(tmp_path):
+    import subprocess
+    import sys
+    from .conftest import ROOT
+    r = subprocess.run([sys.executable, "-m", "invoke", "health", "--canary", "again", "-i", str(tmp_path / "none.yml")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("error: --canary again: `--canary` judges the answers against the record, "
+                                "`--canary record` keeps them")
