@@ -2,7 +2,8 @@
 a pass on the healthy capture and the fail or warn text on a broken one. Origins: tests/fixtures/real/ORIGINS.md
 (ibdev2netdev/, ip/, show_gids/), FORMATS-ORIGINS.md (docker/, ethtool/, ping/, timedatectl/) and
 nvidia-smi-h200/ORIGINS.md (host/df-P-B1-tmp.txt, query-gpu-csv-noheader-nounits_idle.txt). Where no real capture
-of a tool's output exists (`ip -o link`), the line is the one tests/test_facts.py reads, in iproute2's `-o` layout; `du -sb` prints one `BYTES<TAB>PATH` line."""
+of a tool's output exists (`ip -o link`), the line is the one tests/test_facts.py reads, in iproute2's `-o`
+layout; `du -sb` prints one `BYTES<TAB>PATH` line."""
 
 import ipaddress
 

@@ -334,6 +334,7 @@ def _wrong_weights(h, value):
     _write(h, "wrong-weights", json.dumps(kept))
     for name, _ in chosen:
         if _docker(h, "stop", name).returncode != 0 or _docker(h, "start", name).returncode != 0:
+            _wrong_weights_heal(h, value)   # not recorded as active, so `heal` would not put the weights back
             raise LabError(f"lab.fault wrong-weights: could not restart {name} on {h.name}")
     return value or "all"
 
