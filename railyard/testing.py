@@ -385,8 +385,8 @@ class FakeDockerHost:
                             f"{total}\n" for i, u, n, used, total in self.gpus),
             "apps": "".join(f"{p.gpu_uuid}, {p.pid}, {p.name}, {p.used_mib}\n" for p in self.gpu_procs),
             "states": "".join(f"{p.pid} {p.state}\n" for p in self.gpu_procs),
-            "ps": "1 0\n" + "".join(f"{c.pid} 1\n" for c in self.containers.values() if c.pid) + "".join(
-                f"{p.pid} {self.containers[p.container].pid if p.container in self.containers else 1}\n"
+            "ps": "1 0 Ss\n" + "".join(f"{c.pid} 1 Ss\n" for c in self.containers.values() if c.pid) + "".join(
+                f"{p.pid} {self.containers[p.container].pid if p.container in self.containers else 1} {p.state}l\n"
                 for p in self.gpu_procs),
             "mains": "".join(f"{c.pid} /{c.name}\n" for c in self.containers.values() if c.running),
         }

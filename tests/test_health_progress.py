@@ -2,7 +2,7 @@
 request that gets no token within `vllm_hung_after_s` (20 s) is judged on the engine's own token counters, read from
 /metrics before the probe and after its limit: unchanged is `hung` (named, with the values and times),
 moved is a busy engine asked again for the rest of the old limit; unread is no verdict of hung. A rank
-whose serving process is stopped (state T) is named hung by `_service_health` (its state read here from
+whose serving process is stopped (state T) is named hung by `service_health` (its state read here from
 real processes); `inv health --watch` prints its first look whole, then a line per changed check. These
 tests drive the probes through a scripted session; the lab's `engine-hang` fault makes the same on the real vLLM
 (test_lab_real_stations.py) and the stand-in (test_lab_verify.py)."""

@@ -140,11 +140,12 @@ def test_bench_c_1_2_measures_the_real_scheduler_and_keeps_the_key_out(served, t
     assert len(thr2) == 2 and any(s["stamp"] in label for label in thr2)
 
 
-def test_a_stopped_worker_is_named_hung_within_18_s_while_health_answers_and_continues_after(served):
+def test_a_stopped_worker_is_named_hung_within_18_s_while_health_answers_and_recover_restarts_the_group(served):
     """`lab.fault B engine-hang` stops B's real worker (SIGSTOP): the head's engine waits on it in the
     tensor-parallel step, so the probe gets no token and vLLM's token counters stand still, while its
     /health answers 200; B's rank is named from its process state (the probe waits vllm_hung_after_s, 8 s
-    here). SIGCONT and it serves again."""
+    here). `inv recover` takes the group down (the head stopped, the hung rank killed) and up in stage
+    order, the worker first, each gated, and the real engine serves again."""
     import time
 
     from railyard_lab import faults
@@ -162,6 +163,11 @@ def test_a_stopped_worker_is_named_hung_within_18_s_while_health_answers_and_con
         assert probes["/health"]["detail"] == "HTTP 200", probes
         assert probes["progress"]["detail"].startswith("hung: no token for the probe in 8 s and its token "
                                                        "counters did not move (prompt_tokens_total "), probes
+        r = run("recover", inv=inv, timeout=600)
+        done = [ln.strip() for ln in r.stdout.splitlines() if ln.strip().startswith("done: ")]
+        assert r.returncode == 0 and "OK: head, worker-1 recovered" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+        assert done[:2] == ["done: stopped head", "done: killed worker-1"], done
+        assert "done: started worker-1, head in stage order: ready" in done, done
     finally:
         faults.heal()
     r = run("health", "--json", inv=inv)

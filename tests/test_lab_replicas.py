@@ -173,7 +173,7 @@ def test_a_replica_that_exited_cleanly_comes_back_alone(deployed):
     lmc_started = on("A", f"docker inspect --format '{{{{.State.StartedAt}}}}' {DEP}-lmcache").stdout
     r = inv(deployed, "recover", "--json")
     doc = json.loads(r.stdout)
-    assert r.returncode == 0 and doc["data"]["path"] == "short" and doc["data"]["replicas"] == ["r1"], doc
+    assert r.returncode == 0 and doc["data"]["path"] == "short" and doc["data"]["services"] == ["r1"], doc
     assert on("A", f"docker inspect --format '{{{{.State.StartedAt}}}}' {DEP}-lmcache").stdout == lmc_started
     assert inv(deployed, "health").returncode == 0
 

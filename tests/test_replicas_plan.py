@@ -225,7 +225,8 @@ def test_the_cache_proof_prompt_fits_the_engine_s_context():
 
 
 def test_a_gpu_process_maps_to_its_container_through_its_parents():
-    parents = R.parse_pid_table("  1     0\n 100     1\n 200   100\n 201   200\n 300     1\n")
+    parents, states = R.parse_pid_table("  1     0 Ss\n 100     1 Ss\n 200   100 Sl\n 201   200 Tl\n 300     1 S\n")
+    assert states[201] == "Tl" and states[300] == "S"
     mains = R.parse_container_pids("200 /vllm-replicas-lmcache\n0 /stopped\n")
     assert R.container_of_pid(201, parents, mains) == "vllm-replicas-lmcache"
     assert R.container_of_pid(300, parents, mains) == ""
@@ -247,7 +248,7 @@ def test_recover_takes_the_short_path_when_the_crashed_replicas_gpus_are_free():
     _, plan = replicas_plan()
     state = _state([(g, 500 + g, "VLLM::Worker_TP0", 160000, "vllm-replicas-r0") for g in range(4)])
     rec = R.decide(plan, _views(plan, state, running=("r0",), healthy=("r0",)), state, None)
-    assert rec.path == "short" and rec.replicas == ["r1"]
+    assert rec.path == "short" and rec.services == ["r1"]
     assert rec.steps[0].startswith("take r1 out of routing") and rec.steps[-2:] == [
         "put r1 back into routing", "wait until the router's health check lists r1 healthy"]
 
@@ -257,7 +258,7 @@ def test_recover_takes_the_long_path_when_lmcache_holds_the_crashed_replicas_gpu
     state = _state([(g, 4242, "python3", 52224, "vllm-replicas-lmcache") for g in range(4, 8)],
                    used={g: 52224 for g in range(4, 8)})
     rec = R.decide(plan, _views(plan, state, running=("r0",), healthy=("r0",)), state, None)
-    assert rec.path == "long" and rec.replicas == ["r0", "r1"]
+    assert rec.path == "long" and rec.services == ["r0", "r1"]
     assert any("LMCache still holds r1's GPUs" in w and "GPU 4: pid 4242 python3 51.0 GiB (vllm-replicas-lmcache)" in w
                for w in rec.why)
     assert [s.split(" ")[0] for s in rec.steps] == ["wait", "stop", "restart", "check", "start", "the"]

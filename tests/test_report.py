@@ -291,7 +291,8 @@ def no_inventory(monkeypatch):
 
 def test_status_task_a_failed_check_exits_1_with_one_document(capsys, monkeypatch, no_inventory):
     from railyard.verbs import serve as launch
-    monkeypatch.setattr(launch, "status", lambda inv: [status_row("A", 0), status_row("B", 1, running=False)])
+    monkeypatch.setattr(launch, "status", lambda inv: ([status_row("A", 0), status_row("B", 1, running=False)],
+                                                       {"error": "the recovery record was not read: A: unreachable"}))
     code, out, err = run_task(capsys, serve.status, None, True)
     doc = json.loads(out)  # exactly one document
     assert code == 1 and doc["ok"] is False and doc["data"]["ranks"][1]["state"] == "exited" and err == ""

@@ -82,6 +82,8 @@ def _fresh(inv_path):
     for h in hosts:
         shutil.rmtree(home(h) / "models", ignore_errors=True)
         shutil.rmtree(home(h) / ".cache" / "railyard" / "lock", ignore_errors=True)
+        for record in (home(h) / ".cache" / "railyard" / "serve").glob("*/recoveries.json"):
+            record.unlink()   # another section's recoveries would count against this one's restart budget
         (home(h) / "glm53.env").unlink(missing_ok=True)
     write_checkpoint(home("A") / "models" / "tiny-qwen3", 0.002, 2)
     if len(hosts) > 2:  # the pd pools serve from every host's own copy
@@ -190,6 +192,8 @@ def test_runbook_section(runbook_lab, title, commands, directives):
             return
         extra = ["--set", directives["set"]] if "set" in directives and directives.get("state") != "running" else []
         extra += _layout(directives)
+        if "budget" in directives:  # a restart budget the section spends in a few commands
+            extra += ["--set", f"recover_restart_budget={directives['budget']}"]
         code, out = _run(commands, path, extra, usage_error=directives.get("exit") == "2")
         if "expect" in directives:  # as printed, or across the line a long message wraps at
             assert directives["expect"] in out or " ".join(directives["expect"].split()) in " ".join(out.split()), \

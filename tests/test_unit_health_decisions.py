@@ -32,31 +32,31 @@ def station(name="B"):
 
 def test_a_running_rank_with_its_process_on_its_gpu_is_healthy():
     _, svc, host = station()
-    h = verify._service_health(host.session, svc)
+    h = verify.service_health(host.session, svc)
     assert h.ok and h.state == "running" and h.serving_process == "VLLM::Worker_TP1" and h.gpu_used_mib == 60000
 
 
 def test_a_rank_whose_container_died_is_named_with_its_state():
     _, svc, host = station()
     host.kill(NAME, 137)
-    h = verify._service_health(host.session, svc)
+    h = verify.service_health(host.session, svc)
     assert not h.ok and h.reasons == ["container glm53-full is exited"] and h.state == "exited"
     host.session.run(f"docker rm -f {NAME}")
-    assert verify._service_health(host.session, svc).reasons == ["container glm53-full is missing"]
+    assert verify.service_health(host.session, svc).reasons == ["container glm53-full is missing"]
 
 
 def test_a_stopped_serving_process_is_hung_named_with_its_pid_and_state():
     _, svc, host = station()
     p = host.gpu_procs[0]
     p.state = "T"
-    h = verify._service_health(host.session, svc)
+    h = verify.service_health(host.session, svc)
     assert not h.ok and h.reasons == [f"hung: VLLM::Worker_TP1 (pid {p.pid}) is stopped (state T in /proc/{p.pid}/stat)"]
 
 
 def test_a_running_container_with_nothing_on_its_gpu_is_not_serving():
     _, svc, host = station()
     host.gpu_procs.clear()
-    h = verify._service_health(host.session, svc)
+    h = verify.service_health(host.session, svc)
     assert not h.ok and h.reasons == ["no serving process on the GPU"]
 
 

@@ -40,7 +40,7 @@ def test_a_replica_that_exited_cleanly_with_its_gpus_free_comes_back_alone_on_th
     inv, plan, host = deployed()
     host.kill(r1(plan).spec.name, 0)
     rec = survey(inv, plan, host)
-    assert rec.path == "short" and rec.replicas == ["r1"]
+    assert rec.path == "short" and rec.services == ["r1"]
     assert rec.why == ["r1 is exited (exit code 0)", "r1: its GPUs hold no other process"]
     assert not any("restart LMCache" in s for s in rec.steps)               # LMCache is left alone
     assert host.events == [f"kill {r1(plan).spec.name}"]                    # the look itself touched nothing
@@ -53,7 +53,7 @@ def test_a_killed_replica_whose_gpus_lmcache_still_holds_takes_the_long_path():
     for i, u in enumerate(r1(plan).spec.gpus.uuids):   # its KV memory, mapped over CUDA IPC, outlives the crash
         host.gpu_procs.append(FakeGpuProcess(u, host.containers[lmcache].pid + 1, "python3", 52224, lmcache))
     rec = survey(inv, plan, host)
-    assert rec.path == "long" and rec.replicas == ["r0", "r1"]
+    assert rec.path == "long" and rec.services == ["r0", "r1"]
     assert any(w.startswith("LMCache still holds r1's GPUs") and "GPU 4: pid" in w and f"({lmcache})" in w
                for w in rec.why), rec.why
     assert rec.steps[:2] == ["wait for requests in flight on r0", "stop r0"]
@@ -76,3 +76,78 @@ def test_a_replica_that_runs_but_does_not_answer_health_is_restarted_and_all_wel
     rec = survey(inv, plan, host)
     assert rec.path == "short" and rec.why == ["r1 runs but /health does not answer"]
     assert rec.steps[1:3] == ["wait for r1's requests in flight", "stop r1"]
+
+
+def test_a_hung_replica_takes_the_short_path_and_is_killed_not_drained():
+    """/health still answers 200 for a replica whose engine is stopped: the stopped process on its GPU says hung."""
+    inv, plan, host = deployed()
+    for p in host.gpu_procs:
+        if p.container == r1(plan).spec.name:
+            p.state = "T"
+    rec = survey(inv, plan, host)
+    assert rec.path == "short" and rec.services == ["r1"] and rec.hung == ["r1"]
+    assert rec.why[0].startswith("r1 is hung: VLLM::Worker_TP0 (pid ") and "is stopped (state Tl)" in rec.why[0]
+    assert any(s.startswith("kill r1") for s in rec.steps) and not any(s.startswith("wait for") for s in rec.steps)
+
+
+# ---------------------------------------------------------------- the group path (every other layout)
+
+def two_stations():
+    """The two stations' fake hosts, each running its rank with its worker on its GPU."""
+    from .test_plan import station_plan
+    inv, plan, facts = station_plan()
+    hosts = {}
+    for svc in plan.services():
+        gpu = facts[svc.host].gpus[0]
+        h = FakeDockerHost(inv.host(svc.host), gpus=[(gpu.index, gpu.uuid, gpu.name, 0, gpu.memory_total_mib)])
+        h.behave(svc.spec.name, gpu=[(gpu.uuid, f"VLLM::Worker_TP{svc.rank}", 60000)])
+        h.container(svc.spec.name, docker.config_hash(plan, svc))
+        hosts[svc.host] = h
+    return inv, plan, hosts
+
+
+def group_survey(inv, plan, hosts):
+    from railyard.verbs.recover import survey_group
+    with Runner(inv.hosts, sessions={n: h.session for n, h in hosts.items()}) as runner:
+        return survey_group(plan, runner)
+
+
+def test_a_hung_rank_takes_the_whole_group_down_the_head_first_and_up_in_rank_order():
+    inv, plan, hosts = two_stations()
+    hosts["B"].gpu_procs[0].state = "T"
+    rec = group_survey(inv, plan, hosts)
+    head, worker = plan.service(plan.endpoint.service), next(s for s in plan.services() if s.host == "B")
+    assert rec.path == "group" and rec.hung == [worker.name] and set(rec.services) == {head.name, worker.name}
+    assert rec.why[0].startswith(f"{worker.name} on B: hung: VLLM::Worker_TP1 (pid ")
+    assert rec.steps[0] == f"stop {head.name}, {worker.name}, in that order; kill {worker.name} (a stopped process never sees SIGTERM)"
+    assert rec.steps[1] == "compare the checkpoint on B with A's (names and sizes)"
+    starts = [s for s in rec.steps if s.startswith("start ")]
+    assert starts[0].startswith(f"start {worker.name} ") and starts[-1].startswith(f"start {head.name} ")
+    assert all(not h.events for h in hosts.values())                 # the look changed nothing
+
+
+def test_a_healthy_group_has_nothing_to_recover_and_an_unreachable_host_blocks_it():
+    from railyard.verbs.recover import decide_group
+    inv, plan, hosts = two_stations()
+    assert group_survey(inv, plan, hosts).path == "none"
+    rec = decide_group(plan, [], {"A": True, "B": False})
+    assert rec.path == "blocked" and rec.why == ["B did not answer: its services' state is not known"]
+
+
+# ---------------------------------------------------------------- the restart budget
+
+def test_the_budget_counts_restarts_of_a_service_inside_the_window_only():
+    from railyard.apply.recover import Recovery, add_record, budget_left, spent
+    now = 100_000.0
+    records: list = []
+    for at in (now - 4000, now - 1200, now - 600):       # the first is outside a 30-minute window
+        records = add_record(records, Recovery("group", ["rank0", "rank1"], ["rank1 on B: exited"], []), at, at + 80)
+    records = add_record(records, Recovery("budget", [], [], [], failure="spent"), now - 5, now - 5)  # restarted nothing
+    assert budget_left(records, ["rank0", "r9"], now, 3, 1800) == {"rank0": 1, "r9": 3}
+    assert spent(records, ["rank0"], now, 3, 1800) == ""
+    records = add_record(records, Recovery("group", ["rank0", "rank1"], [], [], failure="rank1 exited"), now - 60,
+                         now - 1)                        # a failed restart is a restart too
+    line = spent(records, ["rank0", "rank1"], now, 3, 1800)
+    assert line == ("restart budget spent: rank0 was restarted 3 times in the last 30 min (budget 3; last 60 s ago): a "
+                    "crash loop is not fixed by another restart; read why it dies (inv logs --rank rank0 --lines 50)")
+    assert records[-1]["ok"] is False and records[-1]["seconds"] == 59.0 and "\n" not in line

@@ -12,6 +12,8 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -243,14 +245,15 @@ def _container_of(pid: str) -> str:
     return ""
 
 
-def _engine_processes(h: LabHost, service: str | None) -> list[int]:
+def _engine_processes(h: LabHost, service: str | None, every: bool = False) -> list[int]:
     """The engine cores and workers (vLLM's `VLLM::` process titles) of the host's containers, or of its
-    container SERVICE (its name, or its name's last part: `r1` for vllm-replicas-r1); never an API server."""
+    container SERVICE (its name, or its name's last part: `r1` for vllm-replicas-r1); never an API server.
+    every: every process of those containers (the API server, the container's own first process)."""
     containers = str(h.dir / "docker" / "containers") + "/"
     pids = []
     for d in Path("/proc").iterdir():
         try:
-            if not d.name.isdigit() or not (d / "comm").read_text().startswith("VLLM::"):
+            if not d.name.isdigit() or not (every or (d / "comm").read_text().startswith("VLLM::")):
                 continue
         except OSError:
             continue
@@ -285,6 +288,52 @@ def _engine_hang_heal(h, value):
         except ProcessLookupError:
             pass
     _remove(h, "engine-hang")
+
+
+def _engine_crash(h, value):
+    """A crash loop: a watcher kills (SIGKILL) every process of the host's engine containers, or of SERVICE's,
+    whenever they appear, as the kernel's OOM killer or a segfault ends an engine: the container exits
+    (137), on every start, until healed. The processes that run now are gone when it returns."""
+    deadline = time.monotonic() + 10
+    while (pids := _engine_processes(h, value, every=True)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    p = subprocess.Popen([sys.executable, "-m", "railyard_lab.faults", str(h.root), h.name, value or ""],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    _write(h, "engine-crash", json.dumps({"pid": p.pid}))
+    return value or "all"
+
+
+def _engine_crash_heal(h, value):
+    try:
+        pid = json.loads((h.state / "engine-crash").read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        pid = None
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # started by another process (another `inv lab.fault`): not ours to reap
+            pass
+    _remove(h, "engine-crash")
+
+
+def crash_loop(root: str, host: str, service: str) -> None:
+    """engine-crash's watcher (python3 -m railyard_lab.faults ROOT HOST SERVICE): every 0.2 s, every process of
+    the host's containers (or of SERVICE's) killed."""
+    h = lab_host(Path(root), host)
+    while True:
+        for pid in _engine_processes(h, service or None, every=True):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
 
 
 WRONG_SEED = 1          # the lab model's other seed: the same config and tokenizer, other weights
@@ -510,6 +559,8 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "link-down": (_link_down, _link_heal, "take the serving rail's link down"),
     "engine-hang": (_engine_hang, _engine_hang_heal, "stop (SIGSTOP) the engine processes of the host's containers, "
                     "or of container SERVICE: alive, holding their GPUs, their API still up, making no progress"),
+    "engine-crash": (_engine_crash, _engine_crash_heal, "kill every process of the host's containers, or of "
+                     "SERVICE's, whenever they appear: an engine that dies on every start (a crash loop)"),
     "wrong-weights": (_wrong_weights, _wrong_weights_heal, "the checkpoint of the host's engine containers, or of "
                       "container SERVICE, replaced on disk by another seed of the lab model (same config, tokenizer, "
                       "sizes and mtime), and those containers restarted: they serve, and answer otherwise; heal puts "
@@ -571,3 +622,7 @@ def heal(host: str | None = None, path: str | None = None) -> list[str]:
             done.append(f"{h.name}: healed {kind}")
             _record(h, kind, None)
     return done
+
+
+if __name__ == "__main__":
+    crash_loop(*sys.argv[1:4])

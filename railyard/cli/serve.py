@@ -157,8 +157,8 @@ def status(inventory=None, json=False, set_=None):
     """Per service: container state, uptime, image digest, GPU memory used."""
     from ..verbs.serve import status as run, status_report
     inv = load(inventory, set_)
-    rows = run(inv)
-    report = status_report(rows)
+    rows, recoveries = run(inv)
+    report = status_report(rows, recoveries)
     if json:
         return report.print_json()
     t = Table(title="status", title_justify="left")
@@ -174,10 +174,29 @@ def status(inventory=None, json=False, set_=None):
                   f"{mem['used_mib']} / {mem['total_mib']} MiB" if mem else "-")
     con = console()
     con.print(t)
+    show_recoveries(con, recoveries)
     bad = [f"{c.host}: {c.detail}" for c in report.checks if c.status == "fail"]
     con.print(Text("OK: every service runs with the current configuration" if report.ok else
                    "FAILED: " + "; ".join(bad), style="bold green" if report.ok else "bold red"))
     return report.exit_code
+
+
+def show_recoveries(con, rec: dict) -> None:
+    """The recoveries inside the restart budget's window, and the restarts each service has left."""
+    if rec.get("error"):
+        con.print(Text(rec["error"], style="yellow"))
+        return
+    window = f"{rec['window_s'] / 60:g} min"
+    if not rec["recent"]:
+        con.print(f"recoveries: none in the last {window} ({rec['file']})")
+    else:
+        con.print(f"recoveries in the last {window} ({rec['file']}):")
+        for r in rec["recent"]:
+            outcome = "ok" if r.get("ok") else f"FAILED: {r.get('failure')}"
+            con.print(f"  {r.get('at')} {r.get('path')} {', '.join(r.get('services', []))} in {r.get('seconds')} s, "
+                      f"{outcome}; why: {'; '.join(r.get('why', []))}", soft_wrap=True, markup=False)
+    con.print("restart budget left: " + ", ".join(f"{k} {n} of {rec['budget']}" for k, n in rec["left"].items())
+              + f" (in {window})")
 
 
 @rtask(help={"rank": "host name (B), rank number (1) or service name", "follow": "keep following",

@@ -167,22 +167,21 @@ def health(inventory=None, json=False, watch=None, cache_proof=False, proof_word
         time.sleep(watch)
 
 
-@rtask(help={"replica": "restart this replica (r0, r1, ...) even if healthy: a planned restart",
-             "dry-run": "print the path recover would take and why; change nothing",
+@rtask(help={"replica": "replicas layout: restart this replica (r0, r1, ...) even if healthy, a planned restart",
+             "dry-run": "print the path recover would take, why, and the restart budget left; change nothing",
              "timeout": "seconds each start may take to pass its gates (default: vllm_start_timeout_s)",
              "drain-timeout": "seconds to wait for a drained replica's requests in flight (default 300)"},
        numbers={"timeout": float, "drain_timeout": float})
 def recover(inventory=None, replica=None, dry_run=False, timeout=None, drain_timeout=None, json=False, set_=None):
-    """Replicas layout: bring a crashed replica back (alone, or with LMCache when it holds the GPUs)."""
-    from ..verbs.serve import recover as run
+    """Bring a dead or hung deployment back: a replica alone (replicas), else the group in stage order; a
+    restart budget stops a crash loop, and every recovery is recorded (inv status shows it)."""
+    from ..verbs.recover import recover as run
     con = console()
     plan, rec = run(load(inventory, set_), replica, dry_run, timeout, 300.0 if drain_timeout is None else drain_timeout,
                     None if json else live_table(con))
     if json:
         return rec.as_report(plan, dry_run).print_json()
-    title = {"none": "nothing to recover", "short": "short path: restart the replica alone",
-             "long": "long path: restart LMCache and every replica", "blocked": "blocked"}[rec.path]
-    con.print(Text(f"recover ({plan.deployment}): {title}", style="bold"))
+    con.print(Text(f"recover ({plan.deployment}): {rec.describe()}", style="bold"))
     for w in rec.why:
         con.print(f"  why: {w}")
     if dry_run or rec.path in ("none", "blocked"):
@@ -195,5 +194,5 @@ def recover(inventory=None, replica=None, dry_run=False, timeout=None, drain_tim
     elif rec.path == "blocked":
         con.print(Text("FAILED: recover does not touch a process it did not start", style="bold red"))
     elif not dry_run and rec.path != "none":
-        con.print(Text(f"OK: {', '.join(rec.replicas)} recovered", style="bold green"))
+        con.print(Text(f"OK: {', '.join(rec.services)} recovered", style="bold green"))
     return 0 if rec.ok else 1

@@ -86,6 +86,7 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "nccl_check_timeout_s": (10, 86_400), "nccl_check_min_link_fraction": (0.0, 1.0),
     "sync_streams": (1, 64), "sync_bwlimit_mbps": (0, 1_000_000), "sync_timeout_s": (1, 604_800),
     "sync_io_timeout_s": (5, 86_400), "sync_rsyncd_port": (0, 65535), "pd_kv_lease_s": (0, 86_400),
+    "recover_restart_budget": (1, 1000), "recover_budget_window_s": (1, 604_800),
 }
 
 

@@ -21,7 +21,8 @@ the layout has none (None):
     api_probes(plan, cache_proof)        `inv health`'s probes of the endpoint, in place of the generic ones
     cache_proof                          True: `inv health --cache-proof` has a shared cache to prove
     canary_targets(plan)                 the APIs `inv health --canary` asks, in place of the endpoint alone
-    recover(inv, runner, plan, ...)      `inv recover`
+    recovery(inv, runner, plan, target)  `inv recover`'s look and choice (a Recovery), in place of the group path
+    restore(inv, runner, plan, rec, ...) the path that recovery chose, taken (with recovery)
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ class Layout:
     def canary_targets(self, plan: LaunchPlan) -> list[Endpoint] | None:
         return None
 
-    def recover(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, target: str | None, dry_run: bool,
-                timeout: float | None, drain_timeout: float, show: Any) -> Any:
+    def recovery(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, target: str | None) -> Any:
+        return None
+
+    def restore(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, rec: Any, timeout: float,
+                drain_timeout: float, show: Any) -> Any:
         return None
 
 

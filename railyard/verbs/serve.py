@@ -11,18 +11,18 @@ import os
 from pathlib import Path
 
 from ..checks import FAIL, PASS, SKIP, WARN, CheckResult
-from ..errors import LaunchError, UsageError
+from ..errors import LaunchError, RailyardError, UsageError
 from ..inventory import Inventory
 from ..apply import envfiles
 from ..apply import executor as ops
 from ..apply import lock
 from ..apply.executor import LaunchReport, Show, StopResult
 from ..apply.lock import HeadLock
+from ..apply.recover import Book
 from ..render import script
 from ..render.docker import run_line
 from ..transport.runner import Runner
 from ..plan import layout as layouts
-from ..plan.layout import Layout
 from ..facts.host import HostFacts, gather
 from ..plan.spec import LaunchPlan
 from ..transport import cmd
@@ -129,9 +129,19 @@ def stop(inv: Inventory) -> list[StopResult]:
             return ops.stop(plan, runner)
 
 
-def status(inv: Inventory) -> list[dict]:
+def status(inv: Inventory) -> tuple[list[dict], dict]:
+    """Every service's row, and the deployment's recoveries inside the restart budget's window with the
+    restarts each service has left (railyard.apply.recover)."""
     with _runner(inv) as runner:
-        return ops.status(build_plan(inv, runner, strict=False), runner)
+        plan = build_plan(inv, runner, strict=False)
+        rows = ops.status(plan, runner)
+        try:
+            book = Book.open(inv, plan, runner)
+        except RailyardError as e:
+            return rows, {"error": f"the recovery record was not read: {e}"}
+        names = [s.name for s in plan.by_rank()]
+        return rows, {"file": book.where, "budget": book.budget, "window_s": book.window_s,
+                      "recent": book.recent(), "left": book.left(names)}
 
 
 def logs(inv: Inventory, rank: str | None, follow: bool, lines: int | None, write) -> int:
@@ -184,26 +194,14 @@ def render_compose(inv: Inventory, out_dir: str) -> list[Path]:
     return write(files, out_dir, "--compose")
 
 
-def recover(inv: Inventory, replica: str | None, dry_run: bool, timeout: float | None, drain_timeout: float,
-            show: Show | None):
-    """`inv recover`: the layout's own (its recover hook: it looks, chooses a path, and unless dry_run
-    takes it under the operator lock); a layout without one is a usage error."""
-    with _runner(inv) as runner:
-        plan = build_plan(inv, runner, strict=False)
-        rec = layouts.by_name(plan.layout).recover(inv, runner, plan, replica, dry_run, timeout, drain_timeout,
-                                                   show)
-        if rec is None:
-            have = " or ".join(layouts.names_where(lambda cls: cls.recover is not Layout.recover))
-            raise UsageError(f"inv recover: layout {plan.layout} has no recover (serve_layout {have} has)")
-        return plan, rec
-
-
 def uptime_text(s) -> str:
     return "-" if s is None else f"{s:.0f} s"
 
 
-def status_report(rows: list[dict]) -> Report:
-    """One `container` check per service: pass only when it runs with the current configuration."""
+def status_report(rows: list[dict], recoveries: dict | None = None) -> Report:
+    """One `container` check per service: pass only when it runs with the current configuration; a `restarts`
+    warning for a service whose restart budget is spent (`inv recover` will not restart it)."""
+    recoveries = recoveries or {}
     checks = []
     for r in rows:
         host, svc, name, state = r["host"], r["service"], r.get("container") or r["service"], r["state"]
@@ -230,7 +228,11 @@ def status_report(rows: list[dict]) -> Report:
         else:
             checks.append(CheckResult(host, "container", PASS,
                                       f"{svc}: container {name} running with the current configuration", ev))
-    return Report(checks, {"ranks": rows})
+        if recoveries.get("left", {}).get(svc, 1) <= 0:
+            checks.append(CheckResult(host, "restarts", WARN, f"{svc}: restart budget spent ({recoveries['budget']} "
+                                      f"restarts in {recoveries['window_s'] / 60:g} min): inv recover will not restart "
+                                      "it", recoveries.get("file", ""), f"inv logs --rank {svc} --lines 50"))
+    return Report(checks, {"ranks": rows, "recoveries": recoveries or None})
 
 
 def launch_report(rep, dry_run: bool = False) -> Report:

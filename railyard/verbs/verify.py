@@ -199,7 +199,7 @@ def kv_summary(per_rank: dict[int, int]) -> dict:
             "spread": (hi - lo) / hi if hi else 0.0}
 
 
-def _service_health(s: Session, svc: Service) -> RankHealth:
+def service_health(s: Session, svc: Service) -> RankHealth:
     c = inspect(s, svc.spec.name)
     usage = gpu_usage(s, svc.spec.gpus.uuids)
     procs, used = usage.processes, usage.used_mib
@@ -263,7 +263,7 @@ def _canary(inv: Inventory, layout, plan: LaunchPlan, runner: Runner, mode: str,
 
 
 def _health(layout, plan: LaunchPlan, runner: Runner, cache_proof: int) -> tuple[list[RankHealth], list[Probe], dict]:
-    got = runner.each(lambda s: [_service_health(s, svc) for svc in plan.on_host(s.host.name)])
+    got = runner.each(lambda s: [service_health(s, svc) for svc in plan.on_host(s.host.name)])
     ranks = []
     for h in plan.report_hosts():
         ranks += got.ok[h] if h in got.ok else [

@@ -53,11 +53,15 @@ class Replicas(Layout, name="replicas"):
         """Each replica directly, then the router: a wrong replica is named, and what users get is judged."""
         return [Endpoint.of(x, plan.endpoint.model) for x in plan.services() if x.role == "replica"] + [plan.endpoint]
 
-    def recover(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None, dry_run: bool,
-                timeout: float | None, drain_timeout: float, show: Any) -> Any:
-        """A crashed or named replica: the short or the long path (railyard.layouts.replicas.recover)."""
-        from .recover import recover
-        return recover(inv, runner, plan, target, dry_run, timeout, drain_timeout, show)
+    def recovery(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None) -> Any:
+        """A crashed, hung or named replica: the short or the long path (railyard.layouts.replicas.recover)."""
+        from .recover import survey
+        return survey(plan, runner, target)[0]
+
+    def restore(self, inv: Inventory, runner: Runner, plan: LaunchPlan, rec: Any, timeout: float,
+                drain_timeout: float, show: Any) -> Any:
+        from .recover import restore
+        return restore(inv, runner, plan, rec, timeout, drain_timeout, show)
 
     def hosts(self, inv: Inventory) -> list[Host]:
         return serve_hosts(inv)[:1]

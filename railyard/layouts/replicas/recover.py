@@ -1,6 +1,9 @@
 """Running the `replicas` layout: who holds each GPU, the router's view and its drain list, and
 `inv recover` for a replica that crashed or needs a restart.
 
+A hung replica (a serving process stopped: /health still answers 200, nothing moves) takes the
+short path too, killed instead of stopped: its requests in flight never finish.
+
 A crashed replica's GPUs can stay full after it died: LMCache's CUDA IPC handles into its KV
 cache keep the memory allocated until LMCache itself restarts (LMCache #4014; seen in the
 reference: 122.61 GiB free, 169.43 GiB needed). So recover looks first:
@@ -13,7 +16,8 @@ reference: 122.61 GiB free, 169.43 GiB needed). So recover looks first:
     blocked     a process of no container of this deployment holds them: named, nothing touched.
 
 Before any replica starts, its GPUs must have free >= gpu_memory_utilization x total, or recover
-stops with the numbers.
+stops with the numbers. The verb around it (railyard.verbs.recover) holds the operator lock, checks
+the restart budget and records the recovery.
 """
 
 from __future__ import annotations
@@ -31,11 +35,9 @@ from ...plan.spec import Endpoint, LaunchPlan, Service, Stage
 from ...transport import Session, Sh, cmd, write_remote
 from ...facts.docker import inspect
 from ...transport.http import parse_metrics, request
-from ...apply.executor import LaunchReport, Show, run_stages
-from ...apply.lock import HeadLock, lock_host
+from ...apply.executor import Show, run_stages
+from ...apply.recover import Recovery, take_down
 from ...inventory import Inventory
-from ...checks import FAIL, PASS, CheckResult
-from ...report import Report
 
 DRAIN_FILE = "drained"
 
@@ -49,6 +51,7 @@ class Holder:
     name: str
     used_mib: int
     container: str  # "" when the process belongs to no container
+    state: str = ""  # its process state (ps's stat: T is stopped)
 
 
 @dataclass
@@ -57,14 +60,15 @@ class GpuState:
     holders: list[Holder]
 
 
-def parse_pid_table(text: str) -> dict[int, int]:
-    """`ps -e -o pid=,ppid=` -> {pid: ppid}."""
-    out = {}
+def parse_pid_table(text: str) -> tuple[dict[int, int], dict[int, str]]:
+    """`ps -e -o pid=,ppid=,stat=` -> ({pid: ppid}, {pid: state})."""
+    parents, states = {}, {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            out[int(parts[0])] = int(parts[1])
-    return out
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            parents[int(parts[0])] = int(parts[1])
+            states[int(parts[0])] = parts[2] if len(parts) > 2 else ""
+    return parents, states
 
 
 def parse_container_pids(text: str) -> dict[int, str]:
@@ -91,7 +95,7 @@ def container_of_pid(pid: int, parents: dict[int, int], mains: dict[int, str]) -
 def gpu_state(s: Session) -> GpuState:
     """Every GPU's memory and every compute process on it, mapped to its container, in one round trip."""
     sections = [gpus_section(), apps_section(),
-                Section("ps", Sh("ps -e -o pid=,ppid=")),
+                Section("ps", Sh("ps -e -o pid=,ppid=,stat=")),
                 Section("mains", Sh("n=$(docker ps --format '{{.Names}}'); [ -z \"$n\" ] || docker inspect --format "
                                     "'{{.State.Pid}} {{.Name}}' $n"), "docker")]
     token = new_token()
@@ -107,10 +111,10 @@ def gpu_state(s: Session) -> GpuState:
         apps = parse_compute_apps(out["apps"].text)
     except ParseError as e:
         raise LaunchError(f"{s.host.name}: {e}") from None
-    parents = parse_pid_table(out["ps"].text)
+    parents, states = parse_pid_table(out["ps"].text)
     mains = parse_container_pids(out["mains"].text) if out["mains"].ok else {}
-    return GpuState(gpus, [Holder(a.gpu_uuid, a.pid, a.name, a.used_mib, container_of_pid(a.pid, parents, mains))
-                           for a in apps])
+    return GpuState(gpus, [Holder(a.gpu_uuid, a.pid, a.name, a.used_mib, container_of_pid(a.pid, parents, mains),
+                                  states.get(a.pid, "")) for a in apps])
 
 
 def foreign_holders(state: GpuState, svc: Service) -> list[Holder]:
@@ -169,25 +173,10 @@ class ReplicaView:
     healthy: bool
     status: str
     foreign: list[Holder] = field(default_factory=list)
+    stopped: list[Holder] = field(default_factory=list)  # its own GPU processes that are stopped: hung
 
 
-@dataclass
-class Recovery:
-    path: str                      # none | short | long | blocked
-    replicas: list[str]            # the ones it restarts
-    why: list[str]
-    steps: list[str]
-    done: list[str] = field(default_factory=list)
-    failure: str = ""
-    report: LaunchReport | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.failure and self.path != "blocked"
-
-    def as_report(self, plan: LaunchPlan, dry_run: bool) -> Report:
-        """`inv recover --json`'s document: recover_report."""
-        return recover_report(plan, self, dry_run)
+TITLES = {"short": "short path: restart the replica alone", "long": "long path: restart LMCache and every replica"}
 
 
 def _views(s: Session, plan: LaunchPlan, state: GpuState) -> list[ReplicaView]:
@@ -198,7 +187,8 @@ def _views(s: Session, plan: LaunchPlan, state: GpuState) -> list[ReplicaView]:
         status = c.status if c.exists else "missing"
         if c.exists and not c.running:
             status += f" (exit code {c.exit_code})"
-        out.append(ReplicaView(svc, c.running, code == 200, status, foreign_holders(state, svc)))
+        own = [h for h in state.holders if h.container == svc.spec.name and h.state.startswith("T")]
+        out.append(ReplicaView(svc, c.running, code == 200, status, foreign_holders(state, svc), own if c.running else []))
     return out
 
 
@@ -211,13 +201,15 @@ def decide(plan: LaunchPlan, views: list[ReplicaView], state: GpuState, which: s
     if which is not None:
         targets = [v for v in views if v.service.name == which]
     else:
-        targets = [v for v in views if not (v.running and v.healthy)]
+        targets = [v for v in views if not (v.running and v.healthy and not v.stopped)]
     if not targets:
         return Recovery("none", [], [f"every replica runs and answers /health ({', '.join(names)})"], [])
     why = []
     for v in targets:
-        state_line = "runs and answers /health: a planned restart" if v.running and v.healthy else (
-            f"is {v.status}" if not v.running else "runs but /health does not answer")
+        state_line = (f"is hung: {v.stopped[0].name} (pid {v.stopped[0].pid}) on its GPU is stopped (state "
+                      f"{v.stopped[0].state}), whatever /health answers" if v.stopped else
+                      "runs and answers /health: a planned restart" if v.running and v.healthy else
+                      f"is {v.status}" if not v.running else "runs but /health does not answer")
         why.append(f"{v.service.name} {state_line}")
     crashed = [v for v in targets if not v.running]
     others = [h for v in crashed for h in v.foreign if h.container != lmcache]
@@ -241,19 +233,22 @@ def decide(plan: LaunchPlan, views: list[ReplicaView], state: GpuState, which: s
             f"check free GPU memory >= gpu_memory_utilization x total for {', '.join(replicas)}",
             f"start {', '.join(replicas)} and gate each (startup, LMCache registration, /health)",
             "the router stays up: wait until its health check lists every replica healthy again"]
-        return Recovery("long", replicas, why, steps)
+        return Recovery("long", replicas, why, steps, title=TITLES["long"])
     steps = []
     for v in targets:
         n = v.service.name
         steps += [f"take {n} out of routing (railyard's drain list in the router)"]
-        if v.running:
+        if v.stopped:
+            steps += [f"kill {n} (a stopped process never sees SIGTERM; its requests in flight never finish)"]
+        elif v.running:
             steps += [f"wait for {n}'s requests in flight", f"stop {n}"]
         steps += [f"check free GPU memory on {n}'s GPUs >= gpu_memory_utilization x total",
                   f"start {n} alone and gate it (startup, LMCache registration, /health)", f"put {n} back into routing",
                   f"wait until the router's health check lists {n} healthy"]
     if crashed:
         why.append(f"{', '.join(v.service.name for v in crashed)}: its GPUs hold no other process")
-    return Recovery("short", [v.service.name for v in targets], why, steps)
+    return Recovery("short", [v.service.name for v in targets], why, steps,
+                    hung=[v.service.name for v in targets if v.stopped], title=TITLES["short"])
 
 
 def survey(plan: LaunchPlan, runner: Runner, which: str | None) -> tuple[Recovery, GpuState]:
@@ -289,7 +284,7 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
     healthy again (within router_wait seconds): until then LiteLLM does not route to them."""
     s = runner.session(plan.endpoint.host)
     model = plan.endpoint.model
-    targets = [plan.service(n) for n in rec.replicas]
+    targets = [plan.service(n) for n in rec.services]
 
     def routed(svcs: list[Service]) -> None:
         want = {svc.name for svc in svcs}
@@ -304,12 +299,6 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
                                   f"not listed them healthy within {router_wait:.0f} s"
                                   + (f" ({why})" if why else f" (healthy there: {', '.join(sorted(seen)) or 'none'})"))
             time.sleep(1)
-
-    def stop(svc: Service) -> None:
-        r = s.run(cmd("docker", "stop", "--timeout", "60", svc.spec.name), timeout=120)
-        if not r.ok and "No such" not in r.stderr:
-            raise LaunchError(f"could not stop {svc.name}: {(r.stderr or str(r.error)).strip()}")
-        rec.done.append(f"stopped {svc.name}")
 
     def memory_ok(svcs: list[Service]) -> None:
         state = gpu_state(s)
@@ -337,17 +326,18 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
 
     try:
         if rec.path == "short":
-            set_drained(s, plan, rec.replicas)
-            rec.done.append(f"took {', '.join(rec.replicas)} out of routing")
+            set_drained(s, plan, rec.services)
+            rec.done.append(f"took {', '.join(rec.services)} out of routing")
             for svc in targets:
                 if inspect(s, svc.spec.name).running:
-                    why = _wait_idle(s, svc, model, drain_timeout)
-                    rec.done.append(f"{svc.name}: no request in flight" + (f" ({why})" if why else ""))
-                    stop(svc)
+                    if svc.name not in rec.hung:
+                        why = _wait_idle(s, svc, model, drain_timeout)
+                        rec.done.append(f"{svc.name}: no request in flight" + (f" ({why})" if why else ""))
+                    take_down(s, svc, rec)
             memory_ok(targets)
             start(targets, (Stage(tuple(targets), wait="ready"),))
             set_drained(s, plan, [])
-            rec.done.append(f"put {', '.join(rec.replicas)} back into routing")
+            rec.done.append(f"put {', '.join(rec.services)} back into routing")
             routed(targets)
         elif rec.path == "long":
             lmc = plan.service("lmcache")
@@ -355,8 +345,8 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
             for svc in running:
                 _wait_idle(s, svc, model, drain_timeout)
             for svc in reversed(running):
-                stop(svc)
-            stop(lmc)
+                take_down(s, svc, rec)
+            take_down(s, lmc, rec)
             start([lmc], (Stage((lmc,), wait="ready"),))
             memory_ok(targets)
             start(targets, (Stage(tuple(targets), wait="ready"),))
@@ -366,32 +356,10 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
     return rec
 
 
-def recover(inv: Inventory, runner: Runner, plan: LaunchPlan, replica: str | None, dry_run: bool,
-            timeout: float | None, drain_timeout: float, show: Show | None) -> Recovery:
-    """`inv recover` for this layout: look at the replicas and their GPUs, choose the short or the long
-    path (or none, or blocked), and unless dry_run take it under the operator lock."""
-    rec, _ = survey(plan, runner, replica)
-    if dry_run or rec.path in ("none", "blocked"):
-        return rec
+def restore(inv: Inventory, runner: Runner, plan: LaunchPlan, rec: Recovery, timeout: float, drain_timeout: float,
+            show: Show | None) -> Recovery:
+    """Take the path survey chose (the verb holds the operator lock)."""
     v = inv.host(plan.endpoint.host).vars
-    util = float(v["vllm_gpu_memory_utilization"])
     router_wait = 2 * v["litellm_health_check_interval_s"] + 30  # two checks, and the checks themselves
-    with HeadLock(runner.session(lock_host(inv)), "inv recover"):
-        return execute(plan, runner, rec, util, float(timeout or v["vllm_start_timeout_s"]), drain_timeout, show,
-                       router_wait)
-
-
-def recover_report(plan, rec, dry_run: bool) -> Report:
-    """`inv recover`: one `recover` check on the layout's host (pass: recovered, nothing to do, or a dry
-    run that can proceed); data: the path, why, the steps and what was done."""
-    host = plan.endpoint.host
-    if rec.failure or rec.path == "blocked":
-        status, detail = FAIL, rec.failure or "; ".join(rec.why)
-    else:
-        status = PASS
-        detail = {"none": "nothing to recover", "short": "short path", "long": "long path"}[rec.path] + (
-            " (dry run)" if dry_run and rec.path != "none" else "") + (f": {', '.join(rec.replicas)}" if rec.replicas else "")
-    check = CheckResult(host, "recover", status, detail, "; ".join(rec.why),
-                        "" if status == PASS else "inv status; inv logs --rank SERVICE --lines 50")
-    return Report([check], {"path": rec.path, "replicas": rec.replicas, "why": rec.why, "steps": rec.steps,
-                            "done": rec.done, "failure": rec.failure or None, "dry_run": dry_run})
+    return execute(plan, runner, rec, float(v["vllm_gpu_memory_utilization"]), timeout, drain_timeout, show,
+                   router_wait)

@@ -1,0 +1,144 @@
+"""`inv recover`: look at the deployment, choose a path, check the restart budget, and unless it is a dry
+run take the path under the operator lock and record it (railyard.apply.recover: the Recovery, the
+budget, the record). A layout with a recovery of its own brings it (its `recovery` and `restore`
+hooks: replicas restarts one replica alone); every other takes the group path:
+
+    group path   a service of the plan is dead (its container not running, or no serving process on
+                 its GPUs) or hung (a serving process stopped): the whole plan goes down, the head
+                 first, a hung service killed (a stopped process never sees SIGTERM), the checkpoint
+                 is compared on every host (names and sizes against the first host's), then every
+                 stage starts in order and is gated as `inv start` gates it (the workers before the
+                 head, whose gate waits for them), the layout's final gate last. A rank of a
+                 tensor-parallel group cannot rejoin a running group: the group restarts whole.
+    blocked      a host did not answer: nothing is touched.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..apply import executor as ops
+from ..apply.executor import Show
+from ..apply.lock import HeadLock, lock_host
+from ..apply.recover import Book, Recovery, take_down
+from ..errors import LaunchError, UsageError
+from ..facts.docker import inspect
+from ..inventory import Inventory
+from ..plan import layout as layouts
+from ..plan.spec import LaunchPlan
+from ..transport.runner import Runner
+from .serve import build_plan
+from .sync import diff, read_manifest
+from .verify import service_health
+
+
+def recover(inv: Inventory, target: str | None, dry_run: bool, timeout: float | None, drain_timeout: float,
+            show: Show | None) -> tuple[LaunchPlan, Recovery]:
+    layout = layouts.get(inv)
+    with Runner(layout.hosts(inv)) as runner:
+        plan = build_plan(inv, runner, strict=False)
+        rec = layout.recovery(inv, runner, plan, target)
+        if rec is None:
+            if target is not None:
+                have = " or ".join(layouts.names_where(lambda cls: cls.recovery is not layouts.Layout.recovery))
+                raise UsageError(f"--replica {target}: layout {plan.layout} restarts its services as one group "
+                                 f"(--replica names a replica of serve_layout {have})")
+            rec = survey_group(plan, runner)
+        book = Book.open(inv, plan, runner)
+        if rec.path in ("none", "blocked"):
+            return plan, rec
+        refused = book.spent(rec.services)
+        if refused:
+            return plan, Recovery("budget", [], rec.why, [], failure=refused)
+        rec.steps.append("restarts left in the budget: " + ", ".join(
+            f"{k} {n} of {book.budget}" for k, n in book.left(rec.services).items())
+            + f" (in {book.window_s / 60:g} min)")
+        if dry_run:
+            return plan, rec
+        timeout = float(timeout or inv.head.vars["vllm_start_timeout_s"])
+        with HeadLock(runner.session(lock_host(inv)), "inv recover"):
+            started = time.time()
+            done = layout.restore(inv, runner, plan, rec, timeout, drain_timeout, show)
+            rec = done if done is not None else restore_group(inv, runner, plan, rec, timeout, show)
+            note = book.add(rec, started)
+        rec.done.append(note or f"recorded in {book.where}")
+        return plan, rec
+
+
+def decide_group(plan: LaunchPlan, healths: list, host_reached: dict[str, bool]) -> Recovery:
+    """What the group path would do, from every service's health (railyard.verbs.verify's RankHealth).
+    Pure."""
+    names = [s.name for s in plan.by_rank()]
+    down = [h for h in plan.report_hosts() if not host_reached.get(h, True)]
+    if down:
+        return Recovery("blocked", [], [f"{h} did not answer: its services' state is not known" for h in down],
+                        ["nothing: make the host reachable (inv preflight), then run `inv recover` again"])
+    bad = [h for h in healths if not h.ok]
+    if not bad:
+        return Recovery("none", [], [f"every service runs on its GPUs ({', '.join(names)})"], [])
+    hung = [h.service for h in bad if any(r.startswith("hung:") for r in h.reasons)]
+    why = [f"{h.service} on {h.host}: {'; '.join(h.reasons)}" for h in bad]
+    hosts = list(dict.fromkeys(s.host for s in plan.by_rank()))
+    if len(plan.by_rank()) > 1:
+        why.append("its services serve as one group: they go down and come back together")
+    steps = ["stop " + ", ".join(s.name for s in ops.teardown_order(plan)) + ", in that order"
+             + (f"; kill {', '.join(hung)} (a stopped process never sees SIGTERM)" if hung else "")]
+    if len(hosts) > 1:
+        steps.append(f"compare the checkpoint on {', '.join(hosts[1:])} with {hosts[0]}'s (names and sizes)")
+    steps += [f"start {', '.join(s.name for s in st.services)} and gate it ({st.wait})" for st in plan.stages]
+    return Recovery("group", names, why, steps, hung=hung)
+
+
+def survey_group(plan: LaunchPlan, runner: Runner) -> Recovery:
+    """Every service's container and GPU processes, the hosts in parallel, one session each; then decide."""
+    got = runner.each(lambda s: [service_health(s, svc) for svc in plan.on_host(s.host.name)])
+    healths = [h for rows in got.ok.values() for h in rows]
+    return decide_group(plan, healths, {h: h in got.ok for h in plan.report_hosts()})
+
+
+def _checkpoints_equal(inv: Inventory, runner: Runner, plan: LaunchPlan) -> str:
+    """'' when every host holds the first host's checkpoint (names and sizes), else why not."""
+    hosts = [inv.host(h) for h in dict.fromkeys(s.host for s in plan.by_rank())]
+    if len(hosts) < 2:
+        return ""
+    v = hosts[0].vars
+    got = runner.each(lambda s: read_manifest(s, v["model_path"], "size", False, v["sync_timeout_s"]), hosts)
+    if got.failed:
+        return "; ".join(f"{h}: {r.error}" for h, r in got.failed.items())
+    first = got.ok[hosts[0].name]
+    out = []
+    for h in hosts:
+        m = got.ok[h.name]
+        if m.error or not m.exists:
+            out.append(f"{h.name}: {m.error or 'no checkpoint at ' + str(v['model_path'])}")
+        elif h is not hosts[0]:
+            d = diff(first, m, "size")
+            if d:
+                out.append(f"{h.name}: {len(d)} file(s) differ from {hosts[0].name}'s, first {d[0].path}")
+    return "; ".join(out)
+
+
+def restore_group(inv: Inventory, runner: Runner, plan: LaunchPlan, rec: Recovery, timeout: float,
+                  show: Show | None) -> Recovery:
+    try:
+        for svc in ops.teardown_order(plan):
+            s = runner.session(svc.host)
+            if inspect(s, svc.spec.name).running:
+                take_down(s, svc, rec)
+        differs = _checkpoints_equal(inv, runner, plan)
+        if differs:
+            raise LaunchError(f"the checkpoint differs between hosts ({differs}): nothing started; "
+                              "inv sync-model --repair, then inv start")
+        if len({s.host for s in plan.by_rank()}) > 1:
+            rec.done.append("the checkpoint is the same on every host (names and sizes)")
+        rep = ops.start(plan, runner, timeout, show)
+        rec.report = rep
+        if rep.failure:
+            raise LaunchError(rep.failure)
+        rec.done.append(f"started {', '.join(s.name for st in plan.stages for s in st.services)} in stage order: ready"
+                        + (f"; {rep.proof}" if rep.proof else ""))
+    except LaunchError as e:
+        rec.failure = str(e)
+    return rec
+
+
