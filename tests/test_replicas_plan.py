@@ -224,6 +224,52 @@ def test_the_cache_proof_prompt_fits_the_engine_s_context():
         proof_length(20000, ctx)
 
 
+def drain_filter(tmp_path, monkeypatch, drained=""):
+    """railyard's routing filter as the LiteLLM proxy loads it (a module beside its `drained` file), with
+    LiteLLM's CustomLogger base stubbed: only the filter's own decisions are under test here; the real
+    proxy runs it in test_lab_replicas.py."""
+    import sys
+    import types
+    from railyard.engines.litellm import drain_module
+    stub = types.ModuleType("litellm.integrations.custom_logger")
+    stub.CustomLogger = type("CustomLogger", (), {})
+    for name in ("litellm", "litellm.integrations"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "litellm.integrations.custom_logger", stub)
+    (tmp_path / "railyard_drain.py").write_text(drain_module())
+    (tmp_path / "drained").write_text(drained)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "railyard_drain", raising=False)
+    import railyard_drain
+    return railyard_drain.drain
+
+
+def test_a_retry_leaves_out_the_replicas_that_already_failed_the_request_never_the_last(tmp_path, monkeypatch):
+    import asyncio
+    f = drain_filter(tmp_path, monkeypatch)
+    deps = [{"model_info": {"id": n}} for n in ("r0", "r1", "r2")]
+
+    def ids(kwargs):
+        return [d["model_info"]["id"] for d in asyncio.run(f.async_filter_deployments("m", deps, [], kwargs))]
+    # the record LiteLLM 1.108.7's Router.log_retry appends to the request's metadata for each failed attempt
+    attempt = {"model_group": "m", "deployment_id": "r1", "model": "hosted_vllm/m", "base_model": None,
+               "exception_type": "APIConnectionError", "exception_string": "Connection refused", "attempted_retries": 0}
+    assert ids(None) == ids({"metadata": {}}) == ["r0", "r1", "r2"]                # a first attempt: every replica
+    assert ids({"metadata": {"previous_models": [attempt]}}) == ["r0", "r2"]
+    assert ids({"litellm_metadata": {"previous_models": [attempt, {**attempt, "deployment_id": "r0"}]}}) == ["r2"]
+    every = [{**attempt, "deployment_id": n} for n in ("r0", "r1", "r2")]
+    assert ids({"metadata": {"previous_models": every}}) == ["r0", "r1", "r2"]    # never the last one away
+
+
+def test_the_drain_list_and_the_failed_attempts_leave_out_their_union(tmp_path, monkeypatch):
+    import asyncio
+    f = drain_filter(tmp_path, monkeypatch, drained="r0\n")
+    deps = [{"model_info": {"id": n}} for n in ("r0", "r1", "r2")]
+    kept = asyncio.run(f.async_filter_deployments("m", deps, [], {"metadata": {"previous_models": [
+        {"deployment_id": "r1"}]}}))
+    assert [d["model_info"]["id"] for d in kept] == ["r2"]
+
+
 def test_a_gpu_process_maps_to_its_container_through_its_parents():
     parents, states = R.parse_pid_table("  1     0 Ss\n 100     1 Ss\n 200   100 Sl\n 201   200 Tl\n 300     1 S\n")
     assert states[201] == "Tl" and states[300] == "S"
