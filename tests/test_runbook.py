@@ -133,6 +133,9 @@ def _setup(d, inv_path):
         extra = ["--set", d["set"]] if "set" in d else []
         r = inv_cmd("launch", *extra, *layout, env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
         assert r.returncode == 0, r.stdout + r.stderr
+    if "canary" in d:  # canary=record: the answers recorded on the healthy deployment, before the fault
+        r = inv_cmd("health", "--canary", "record", *layout, env={"RAILYARD_INVENTORY": str(inv_path)}, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
     if state == "handrun":  # an operator started the containers by hand, without one flag
         r = inv_cmd("launch", "--dry-run", env={"RAILYARD_INVENTORY": str(inv_path)})
         cmds = [ln for ln in r.stdout.splitlines() if ln.startswith("docker run")]

@@ -336,6 +336,7 @@ def crash_loop(root: str, host: str, service: str) -> None:
         time.sleep(0.2)
 
 
+READY = "Application startup complete"   # uvicorn's line: the engine's API serves
 WRONG_SEED = 1          # the lab model's other seed: the same config and tokenizer, other weights
 WEIGHTS = "model.safetensors"
 
@@ -382,9 +383,13 @@ def _wrong_weights(h, value):
         kept[str(weights)] = str(backup)
     _write(h, "wrong-weights", json.dumps(kept))
     for name, _ in chosen:
+        ready = _docker(h, "logs", name).stdout.count(READY)
         if _docker(h, "stop", name).returncode != 0 or _docker(h, "start", name).returncode != 0:
             _wrong_weights_heal(h, value)   # not recorded as active, so `heal` would not put the weights back
             raise LabError(f"lab.fault wrong-weights: could not restart {name} on {h.name}")
+        deadline = time.monotonic() + 120   # serving again (on the other weights) when the fault returns
+        while _docker(h, "logs", name).stdout.count(READY) <= ready and time.monotonic() < deadline:
+            time.sleep(0.5)
     return value or "all"
 
 

@@ -851,7 +851,21 @@ def decode_step(st):
 
 SCHED = {"max_num_seqs": 256, "batched_tokens": 8192}  # set from the flags in main()
 SLOTS = []  # one semaphore of max_num_seqs per engine: requests beyond it wait (vllm:num_requests_waiting)
-ANSWER = ["The", " two", " stations", " answer", " over", " the", " rail", "."]
+ANSWER = ["The", " two", " stations", " answer", " over", " the", " rail", "."]  # its last word: the weights'
+
+
+def answer_by_weights(model_dir):
+    """A model answers by its weights: the answer's last word is drawn from the vocabulary by a digest of
+    the checkpoint's model.safetensors (the lab model's, 4.5 MB), so the same weights always answer the
+    same and another seed's (lab.fault wrong-weights) answers otherwise, as the real engine does."""
+    import hashlib
+    try:
+        with open(os.path.join(model_dir, "model.safetensors"), "rb") as f:
+            digest = hashlib.sha256(f.read()).digest()
+    except OSError:
+        return
+    pool = sorted((w for w in VOCAB if w.isalpha() and w != "UNK"), key=VOCAB.get) or ["rail"]
+    ANSWER[-2] = " " + pool[int.from_bytes(digest[:4], "big") % len(pool)]
 
 
 def output_words(req, cap, prompt_ids):
@@ -1365,6 +1379,7 @@ def main(argv):
     SCHED.update(max_num_seqs=max(1, args["max-num-seqs"]), batched_tokens=max(1, args["max-num-batched-tokens"]))
     SLOTS[:] = [threading.BoundedSemaphore(SCHED["max_num_seqs"]) for _ in engines]
     load_vocab(model_dir)
+    answer_by_weights(model_dir)
     kv_transfer(args, engines, served, [kv_cache(args, e, weights, per_token)[0] for e in engines])
     if dp_headless:
         DP_LINK.serve(args, engines)  # until the head goes away
