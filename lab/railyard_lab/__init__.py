@@ -568,7 +568,8 @@ def down(path: str | None = None, log=print) -> None:
     slurm_lab.down(root)  # its daemons first: slurmd would restart job steps on hosts going away
     for h in hosts:
         from . import faults
-        faults.kill_recorded(h)
+        for name in faults.RECORDED_PROCESSES:   # a fault's own process (a GPU holder, a crash loop's watcher)
+            faults.kill_recorded(h, name)
         for pidfile in (h.sshd_pid_file, h.anchor_pid_file):
             pid = _read_pid(pidfile)
             if _pid_alive(pid):

@@ -213,12 +213,17 @@ def _gpu_busy(h, value):
 
 
 def _gpu_busy_heal(h, value):
-    kill_recorded(h)
+    kill_recorded(h, "gpu-busy")
 
 
-def kill_recorded(h: LabHost) -> None:
+# the faults that leave a process of their own running, its pid in the host's state file of that name
+RECORDED_PROCESSES = ("gpu-busy", "engine-crash")
+
+
+def kill_recorded(h: LabHost, name: str) -> None:
+    """End the process a fault started (gpu-busy's GPU holder, engine-crash's watcher) and forget it."""
     try:
-        info = json.loads((h.state / "gpu-busy").read_text())
+        info = json.loads((h.state / name).read_text())
     except (OSError, ValueError):
         return
     pid = info.get("pid")
@@ -228,7 +233,7 @@ def kill_recorded(h: LabHost) -> None:
             os.waitpid(pid, 0)  # when we started it in this process: reap it, no zombie left
         except (ProcessLookupError, ChildProcessError):
             pass
-    _remove(h, "gpu-busy")
+    _remove(h, name)
 
 
 def _container_of(pid: str) -> str:
@@ -295,12 +300,7 @@ def _engine_crash(h, value):
     whenever they appear, as the kernel's OOM killer or a segfault ends an engine: the container exits
     (137), on every start, until healed. The processes that run now are gone when it returns."""
     deadline = time.monotonic() + 10
-    while (pids := _engine_processes(h, value, every=True)) and time.monotonic() < deadline:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    while _kill_containers(h, value) and time.monotonic() < deadline:
         time.sleep(0.2)
     p = subprocess.Popen([sys.executable, "-m", "railyard_lab.faults", str(h.root), h.name, value or ""],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -310,17 +310,18 @@ def _engine_crash(h, value):
 
 
 def _engine_crash_heal(h, value):
-    try:
-        pid = json.loads((h.state / "engine-crash").read_text()).get("pid")
-    except (OSError, ValueError, AttributeError):
-        pid = None
-    if _pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
+    kill_recorded(h, "engine-crash")
+
+
+def _kill_containers(h: LabHost, service: str | None) -> list[int]:
+    """SIGKILL every process of the host's containers (or of SERVICE's); the pids it found."""
+    pids = _engine_processes(h, service, every=True)
+    for pid in pids:
         try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:  # started by another process (another `inv lab.fault`): not ours to reap
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
             pass
-    _remove(h, "engine-crash")
+    return pids
 
 
 def crash_loop(root: str, host: str, service: str) -> None:
@@ -328,11 +329,7 @@ def crash_loop(root: str, host: str, service: str) -> None:
     the host's containers (or of SERVICE's) killed."""
     h = lab_host(Path(root), host)
     while True:
-        for pid in _engine_processes(h, service or None, every=True):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_containers(h, service or None)
         time.sleep(0.2)
 
 

@@ -86,10 +86,15 @@ def load(s: Session, path: str) -> list[dict]:
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
+def within(records: list[dict], now: float, window_s: float) -> list[dict]:
+    """The recoveries of the last window_s seconds."""
+    return [r for r in records if now - float(r.get("at_s", 0)) < window_s]
+
+
 def restarts(records: list[dict], service: str, now: float, window_s: float) -> list[dict]:
     """The recoveries within the window that restarted this service (a refused one restarted nothing)."""
-    return [r for r in records if service in r.get("services", []) and r.get("path") not in ("budget", "none",
-            "blocked") and now - float(r.get("at_s", 0)) < window_s]
+    return [r for r in within(records, now, window_s) if service in r.get("services", [])
+            and r.get("path") not in ("budget", "none", "blocked")]
 
 
 def spent(records: list[dict], services: list[str], now: float, budget: int, window_s: float) -> str:
@@ -144,8 +149,7 @@ class Book:
         return budget_left(self.records, services, time.time(), self.budget, self.window_s)
 
     def recent(self) -> list[dict]:
-        now = time.time()
-        return [r for r in self.records if now - float(r.get("at_s", 0)) < self.window_s]
+        return within(self.records, time.time(), self.window_s)
 
     def add(self, rec: Recovery, started: float) -> str:
         """Keep this recovery; '' or why it was not kept (never fails the recovery)."""

@@ -28,7 +28,7 @@ from ..plan import layout as layouts
 from ..plan.spec import LaunchPlan
 from ..transport.runner import Runner
 from .serve import build_plan
-from .sync import diff, read_manifest
+from .sync import diff, manifests
 from .verify import service_health
 
 
@@ -44,9 +44,9 @@ def recover(inv: Inventory, target: str | None, dry_run: bool, timeout: float | 
                 raise UsageError(f"--replica {target}: layout {plan.layout} restarts its services as one group "
                                  f"(--replica names a replica of serve_layout {have})")
             rec = survey_group(plan, runner)
-        book = Book.open(inv, plan, runner)
         if rec.path in ("none", "blocked"):
             return plan, rec
+        book = Book.open(inv, plan, runner)
         refused = book.spent(rec.services)
         if refused:
             return plan, Recovery("budget", [], rec.why, [], failure=refused)
@@ -102,13 +102,11 @@ def _checkpoints_equal(inv: Inventory, runner: Runner, plan: LaunchPlan) -> str:
     if len(hosts) < 2:
         return ""
     v = hosts[0].vars
-    got = runner.each(lambda s: read_manifest(s, v["model_path"], "size", False, v["sync_timeout_s"]), hosts)
-    if got.failed:
-        return "; ".join(f"{h}: {r.error}" for h, r in got.failed.items())
-    first = got.ok[hosts[0].name]
+    got = manifests(runner, hosts, v, "size", False)
+    first = got[hosts[0].name]
     out = []
     for h in hosts:
-        m = got.ok[h.name]
+        m = got[h.name]
         if m.error or not m.exists:
             out.append(f"{h.name}: {m.error or 'no checkpoint at ' + str(v['model_path'])}")
         elif h is not hosts[0]:

@@ -450,7 +450,7 @@ def _targets(inv: Inventory, opts: SyncOptions) -> tuple[Host, list[Host]]:
     return source, targets
 
 
-def _manifests(runner: Runner, hosts: list[Host], v: dict, mode: str, rehash: bool) -> dict[str, Manifest]:
+def manifests(runner: Runner, hosts: list[Host], v: dict, mode: str, rehash: bool) -> dict[str, Manifest]:
     got = runner.each(lambda s: read_manifest(s, v["model_path"], mode, rehash, v["sync_timeout_s"]), hosts)
     return {name: got.ok[name] if name in got.ok else Manifest(name, False, {}, error=str(got.failed[name].error))
             for name in got}
@@ -491,7 +491,7 @@ def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Syn
     with Runner([source] + targets) as runner:
         # 1. what is where (names, sizes, mtimes), and can the source reach the targets
         say(f"reading {v['model_path']} on {source.name} and {', '.join(rep.targets)}")
-        before = _manifests(runner, [source] + targets, v, "size", False)
+        before = manifests(runner, [source] + targets, v, "size", False)
         src = before[source.name]
         for m in before.values():
             if m.error:
@@ -511,7 +511,7 @@ def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Syn
                 rep.failure = f"{source.name}: download failed ({r.error or 'exit ' + str(r.rc)})"
                 rep.hint = "check the image, network access to the model hub and the revision; rerun resumes"
                 return rep
-            src = _manifests(runner, [source], v, "size", False)[source.name]
+            src = manifests(runner, [source], v, "size", False)[source.name]
             before[source.name] = src
         if opts.transport == "ssh":  # rsyncd: railyard's own sessions start the daemons; no SSH from the source
             peers = _peer_check(runner, source, targets)
@@ -643,7 +643,7 @@ class _Null:
 
 def _verify(runner, rep, source, targets, v, mode, rehash, say) -> None:
     say(f"verifying ({mode}) on {source.name}, {', '.join(t.name for t in targets)}")
-    rep.manifests = _manifests(runner, [source] + targets, v, mode, rehash)
+    rep.manifests = manifests(runner, [source] + targets, v, mode, rehash)
     src = rep.manifests[source.name]
     rep.model = {name: check_model(m, v) for name, m in rep.manifests.items()}
     for t in targets:
