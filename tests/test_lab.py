@@ -23,7 +23,7 @@ def test_each_host_has_its_own_home_and_hostname(healthy_lab):
     assert on("A", "hostname").stdout.strip() == "A" and on("B", "hostname").stdout.strip() == "B"
     on("A", "echo from-A > ~/copied.txt")  # ssh hands the remote shell one string
     # copied from A to B over the rail with rsync, as sync-model will do
-    r = on("A", "rsync", "-a", "/root/copied.txt", f"root@{lab.NET}.101.12:/root/landed.txt")
+    r = on("A", "rsync", "-a", "/root/copied.txt", f"root@{lab.rail_net(1)}.12:/root/landed.txt")
     assert r.returncode == 0, r.stderr
     assert (root / "hosts" / "B" / "home" / "landed.txt").read_text() == "from-A\n"
     assert not (root / "hosts" / "A" / "home" / "landed.txt").exists()
@@ -41,13 +41,13 @@ def test_simulated_tools_follow_the_kernel(healthy_lab):
         assert [r.up for r in rows] == [True, False]
     finally:
         subprocess.run(["ip", "-n", f"{lab.NS_PREFIX}B", "link", "set", "cx8r1", "up"], check=True)
-    subprocess.run(["ip", "-n", f"{lab.NS_PREFIX}B", "addr", "add", f"{lab.NET}.101.99/24", "dev", "cx8r1"], check=True)
+    subprocess.run(["ip", "-n", f"{lab.NS_PREFIX}B", "addr", "add", f"{lab.rail_net(1)}.99/24", "dev", "cx8r1"], check=True)
     try:
         gids = parse_show_gids(on("B", "show_gids", "mlx5_1").stdout)
-        assert roce_v2_index(gids, "mlx5_1", f"{lab.NET}.101.12") == 3
-        assert roce_v2_index(gids, "mlx5_1", f"{lab.NET}.101.99") == 5  # a second address: next pair
+        assert roce_v2_index(gids, "mlx5_1", f"{lab.rail_net(1)}.12") == 3
+        assert roce_v2_index(gids, "mlx5_1", f"{lab.rail_net(1)}.99") == 5  # a second address: next pair
     finally:
-        subprocess.run(["ip", "-n", f"{lab.NS_PREFIX}B", "addr", "del", f"{lab.NET}.101.99/24", "dev", "cx8r1"], check=True)
+        subprocess.run(["ip", "-n", f"{lab.NS_PREFIX}B", "addr", "del", f"{lab.rail_net(1)}.99/24", "dev", "cx8r1"], check=True)
 
 
 def test_nvidia_smi_stand_in_matches_the_real_format(healthy_lab):

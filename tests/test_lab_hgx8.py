@@ -109,12 +109,12 @@ def test_eight_rails_are_real_9000_mtu_links(hgx8):
     links = parse_ip_link(on("B", "ip -o link show").stdout)
     addrs = parse_ip_br_addr(on("B", "ip -br addr").stdout)
     for k, n in enumerate(RAILS):
-        assert len(n) <= 15 and links[n].mtu == 9000 and addrs[n].ipv4 == [f"{lab.NET}.{100 + k}.12/24"]
+        assert len(n) <= 15 and links[n].mtu == 9000 and addrs[n].ipv4 == [f"{lab.rail_net(k)}.12/24"]
     # a jumbo frame crosses the last rail to the peer, and the rail's RoCE v2 GID follows its address
-    r = on("A", f"ping -c 1 -W 2 -M do -s 8972 -I {RAILS[7]} {lab.NET}.107.12")
+    r = on("A", f"ping -c 1 -W 2 -M do -s 8972 -I {RAILS[7]} {lab.rail_net(7)}.12")
     assert r.returncode == 0 and "1 received" in r.stdout
     gids = parse_show_gids(on("B", "show_gids mlx5_7").stdout)
-    assert roce_v2_index(gids, "mlx5_7", f"{lab.NET}.107.12") == 3
+    assert roce_v2_index(gids, "mlx5_7", f"{lab.rail_net(7)}.12") == 3
     inv = load_inventory(hgx8, [])
     a = inv.host("A")
     assert list(a.rails) == RAILS and a.vars["cluster_serve_rail"] == RAILS[0] and a.vars["cluster_gpu_name"] == "H200"

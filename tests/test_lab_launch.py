@@ -63,11 +63,11 @@ def test_env_files_are_0600_current_files_untouched_and_check_changes_nothing(st
         f = home(h) / "glm53.env"
         assert (f.stat().st_mode & 0o777) == 0o600
         text = f.read_text()
-        assert f"RANK={rank}\n" in text and f"HEAD_IP={lab.NET}.101.11\n" in text and "GID_INDEX=3\n" in text
+        assert f"RANK={rank}\n" in text and f"HEAD_IP={lab.rail_net(1)}.11\n" in text and "GID_INDEX=3\n" in text
         gpu = [line for line in text.splitlines() if line.startswith("GPU_UUID=")][0]
         smi = on(h, "nvidia-smi --query-gpu=uuid,name --format=csv,noheader").stdout
         assert gpu[9:] + ", NVIDIA GB300" in smi  # the GB300's UUID, never the display GPU's
-    assert f"WORKER_IP={lab.NET}.101.12" in (home("A") / "glm53.env").read_text()
+    assert f"WORKER_IP={lab.rail_net(1)}.12" in (home("A") / "glm53.env").read_text()
     before = {h: (home(h) / "glm53.env").stat().st_mtime_ns for h in ("A", "B")}
     r = inv_cmd("env", "-i", str(stations))
     assert "none (all current)" in r.stdout
@@ -76,7 +76,7 @@ def test_env_files_are_0600_current_files_untouched_and_check_changes_nothing(st
 
 
 @pytest.mark.parametrize("fault,value,fact", [("no-gpu", None, "GPU_UUID: no GPU matches 'GB300'"),
-                                              ("gid-index", "none", f"GID_INDEX: no RoCE v2 GID for {lab.NET}.101.12")],
+                                              ("gid-index", "none", f"GID_INDEX: no RoCE v2 GID for {lab.rail_net(1)}.12")],
                          ids=["no-gpu", "gid-index"])
 def test_env_refuses_when_a_fact_is_missing(clean, fault, value, fact):
     faults.fault("B", fault, value)

@@ -44,7 +44,7 @@ def test_healthy_lab_passes_every_check(healthy_lab):
                 "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity"}
     assert {c for h, c in checks if h == "B"} == expected | {"ports"}   # B dials the head's master port
     assert {c for h, c in checks if h == "A"} == expected | {"ssh_peer"}
-    assert checks[("B", "ports")]["detail"] == f"B reaches every port the plan dials from it: A {lab.NET}.101.11:29501"
+    assert checks[("B", "ports")]["detail"] == f"B reaches every port the plan dials from it: A {lab.rail_net(1)}.11:29501"
     assert all(c["status"] == "pass" for c in doc["checks"])
     assert all(set(c) == {"host", "check", "status", "detail", "evidence", "hint"} for c in doc["checks"])
     # the GB300 was chosen, never the display GPU listed before it
@@ -74,7 +74,7 @@ def test_an_unreachable_host_is_said_at_once_and_the_rest_is_probed(healthy_lab)
 FAULTS = [
     ("mtu", "1500", "B", "mtu", "mtu 1500, expected 9000"),
     ("link-down", None, "B", "rail_link", "is Down"),
-    ("no-ip", None, "B", "rail_ip", f"no IPv4 address, expected {lab.NET}.101.12/24"),
+    ("no-ip", None, "B", "rail_ip", f"no IPv4 address, expected {lab.rail_net(1)}.12/24"),
     ("clock-skew", "30", "B", "clock_skew", "ahead of the others"),
     ("sshd-down", None, "B", "ssh", "connection refused"),
     ("host-key-changed", None, "B", "ssh", "host_key_changed"),
@@ -121,7 +121,7 @@ def test_a_firewall_on_the_heads_master_port_fails_ports_alone_naming_host_addre
     results = preflight(healthy_lab)
     assert failing(results) == [("B", "ports")]
     r = by(results)[("B", "ports")]
-    assert r.detail == (f"B cannot reach {lab.NET}.101.11:29501 on A (the head's master port): no answer (the SYN was "
+    assert r.detail == (f"B cannot reach {lab.rail_net(1)}.11:29501 on A (the head's master port): no answer (the SYN was "
                         "dropped: a firewall on A or on the path)"), r
     assert "listen ok" in r.evidence and "allow TCP 29501 from B on A" in r.hint
 

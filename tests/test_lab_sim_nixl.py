@@ -30,7 +30,7 @@ LONG = " ".join(f"word{i}" for i in range(40))  # 40 tokens: 2 full blocks of 16
 
 
 def rail(host):
-    return f"{lab.NET}.100.{10 + HOSTS.index(host) + 1}"
+    return f"{lab.rail_net(0)}.{10 + HOSTS.index(host) + 1}"
 
 
 def uuids(host):

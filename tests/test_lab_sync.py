@@ -245,7 +245,7 @@ def test_no_ssh_from_the_head_fails_before_copying(fresh):
         ak.write_text(saved.splitlines()[0] + "\n")  # only the control machine may log in
         r = inv_cmd("sync-model", "-i", str(fresh))
         assert r.returncode == 1
-        assert "cannot ssh non-interactively to B" in r.stdout and f"ssh-copy-id root@{lab.NET}.101.12" in r.stdout
+        assert "cannot ssh non-interactively to B" in r.stdout and f"ssh-copy-id root@{lab.rail_net(1)}.12" in r.stdout
         assert not model_dir("B").exists()
     finally:
         ak.write_text(saved)

@@ -35,8 +35,8 @@ def scenarios():
             title = m.group(1).lstrip("# ").strip()
             continue
         commands = [c.strip() for c in m.group(2).splitlines() if c.strip().startswith("inv ")]
-        # the runbook shows the default lab's addresses (198.18.*); a test worker's lab may be the other one
-        directives = dict(part.strip().replace("198.18.", f"{lab.NET}.").split("=", 1)
+        # the runbook shows the default lab's addresses (198.18.*); a test worker's lab may be another one
+        directives = dict(lab.translate(part.strip()).split("=", 1)
                           for part in m.group(3).split(";") if "=" in part)
         out.append((title, commands, directives))
     return out

@@ -15,8 +15,9 @@ nodes, 8 rails `enp24s0np0` ... `enp218s0np0`). Each host `A`, `B`, ... gets:
 
 Everything made is recorded in `lab.json` (with the shape) so `down()` removes exactly that.
 
-A second lab can be up beside the first (RAILYARD_LAB_INSTANCE=1: 198.19.*, `ryl1-A`, ...,
-/var/tmp/railyard-lab1), which is how the test suite's two workers each own one.
+Three labs can be up side by side (RAILYARD_LAB_INSTANCE=1: 198.19.*, `ryl1-A`, ...,
+/var/tmp/railyard-lab1; RAILYARD_LAB_INSTANCE=2: 198.18.50.0/24 and rails 198.18.(150+k).0/24,
+`ryl2-A`, ..., /var/tmp/railyard-lab2), which is how the test suite's workers each own one.
 """
 
 from __future__ import annotations
@@ -40,18 +41,21 @@ import yaml
 from railyard.errors import RailyardError, UsageError
 
 LAB_DIR_ENV = "RAILYARD_LAB_DIR"
-# Two labs can be up at once, side by side (the test suite's two workers): instance 0, the default, is
+# Three labs can be up at once, side by side (the test suite's workers): instance 0, the default, is
 # 198.18.*, its names rylab-*, its directory /var/tmp/railyard-lab; instance 1 is 198.19.*, ryl1-*,
-# /var/tmp/railyard-lab1. 198.18.0.0/15 holds no third.
+# /var/tmp/railyard-lab1; instance 2 is 198.18.* again, its third octets 50 above instance 0's, ryl2-*,
+# /var/tmp/railyard-lab2. Each lab's addresses: the management net `NET.(BASE).0/24`, rail k
+# `NET.(BASE + 100 + k).0/24` (at most 8 rails: instance 0 and 2 do not meet).
 LAB_INSTANCE_ENV = "RAILYARD_LAB_INSTANCE"
-INSTANCES = (0, 1)
+NETS = {0: ("198.18", 0), 1: ("198.19", 0), 2: ("198.18", 50)}   # instance -> (first two octets, third's base)
+INSTANCES = tuple(NETS)
 
 
 def _instance_problem() -> str | None:
     raw = os.environ.get(LAB_INSTANCE_ENV, "0") or "0"
     if raw in {str(i) for i in INSTANCES}:
         return None
-    return f"{LAB_INSTANCE_ENV}={raw!r}: one of {', '.join(map(str, INSTANCES))} (198.18.0.0/15 holds two labs)"
+    return f"{LAB_INSTANCE_ENV}={raw!r}: one of {', '.join(map(str, INSTANCES))} (198.18.0.0/15 holds three labs)"
 
 
 def _instance() -> int:
@@ -70,11 +74,11 @@ def default_lab_dir(instance: int) -> str:
 
 INSTANCE = _instance()
 STEM = stem(INSTANCE)
-NET = f"198.{18 + INSTANCE}"    # the first two octets of every lab address
+NET, BASE = NETS[INSTANCE]    # the first two octets of every lab address, and where its third octets begin
 DEFAULT_LAB_DIR = default_lab_dir(INSTANCE)
 NS_PREFIX = f"{STEM}-"
 MGMT_BRIDGE = f"{STEM}-mgmt"
-MGMT_NET = f"{NET}.0"
+MGMT_NET = f"{NET}.{BASE}"
 CONTROL_IP = f"{MGMT_NET}.1"
 RAIL_MTU = 9000
 LAB_IMAGE_NAME = "vllm/vllm-openai:v0.30.0-aarch64"
@@ -124,8 +128,18 @@ MAX_HOSTS = 200
 # `shape.json`, written from this data at up time (host_shape()).
 
 def _rails(names: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
-    """(netdev, hca, subnet prefix) per rail: rail k is mlx5_k on 198.18.(100+k).0/24 (instance 1: 198.19)."""
-    return tuple((n, f"mlx5_{k}", f"{NET}.{100 + k}") for k, n in enumerate(names))
+    """(netdev, hca, subnet prefix) per rail: rail k is mlx5_k on 198.18.(100+k).0/24 (instance 0)."""
+    return tuple((n, f"mlx5_{k}", rail_net(k)) for k, n in enumerate(names))
+
+
+def rail_net(k: int) -> str:
+    """The first three octets of rail k's addresses in this lab."""
+    return f"{NET}.{BASE + 100 + k}"
+
+
+def translate(text: str) -> str:
+    """Text that names the default lab's addresses (198.18.T.x, as the runbook shows them) with this lab's."""
+    return re.sub(r"\b198\.18\.(\d{1,3})\.", lambda m: f"{NET}.{BASE + int(m.group(1))}.", text)
 
 
 # Sapphire Rapids (2 x 56 cores, 2 threads each): the NUMA layout and flags of the real dual-socket
