@@ -12,6 +12,7 @@ import re
 
 from railyard.checks import FAIL, PASS, WARN
 from railyard.inventory import Host
+from railyard.plan import layout as layouts
 from railyard.plan.spec import Endpoint, LaunchPlan
 from railyard.testing import FakeSession
 from railyard.verbs import canary
@@ -133,3 +134,60 @@ def test_a_canary_value_other_than_record_is_a_usage_error_before_any_host(tmp_p
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == ("error: --canary again: `--canary` judges the answers against the record, "
                                 "`--canary record` keeps them")
+
+
+class Recording(FakeSession):
+    """A FakeSession that keeps each request's JSON body (request() sends it on stdin)."""
+
+    def __init__(self, host, rules=None):
+        super().__init__(host, rules)
+        self.bodies: list[dict | None] = []
+
+    def run(self, command, timeout=None, stdin=None, on_output=None):
+        self.bodies.append(json.loads(stdin) if stdin else None)
+        return super().run(command, timeout, stdin, on_output)
+
+
+def test_pd_asks_every_prefill_decode_pair_as_the_proxy_does_then_the_proxy():
+    """The reference topology (four prefill instances, one decode): four pairs and the proxy. A pair's
+    prefill request asks vLLM to keep the KV for a remote decode and stop after one token; its
+    kv_transfer_params (here the lab stand-in's shape, which is vLLM 0.32's) go to the decode request
+    unchanged, both under one X-Request-Id, from the proxy's host."""
+    from .test_pd_plan import pd_plan
+    _, plan = pd_plan()
+    targets = layouts.by_name("pd").canary_targets(plan)
+    assert [t.service for t in targets] == [f"prefill-{i}>decode-0" for i in range(4)] + ["proxy"]
+    pair = targets[2]
+    assert pair.host == "P1" and pair.model == plan.endpoint.model
+    params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [7, 8],
+              "remote_engine_id": "e1", "remote_request_id": "chatcmpl-x", "remote_host": "192.168.120.12",
+              "remote_port": 5608, "tp_size": 4}
+    pre, dec = pair.prefill, pair.decode
+
+    def reply(script: str):
+        if f"{pre.bind}:{pre.port}/" in script:
+            return 0, json.dumps(json.loads(completion("The")) | {"kv_transfer_params": params}) + "\n@@200 0.05 ", ""
+        assert f"{dec.bind}:{dec.port}/" in script
+        return 0, completion(RIGHT[0]) + "\n@@200 0.05 ", ""
+    s = Recording(Host("P1", 0, "198.18.0.11", 22, "root", "ssh", "", {}, {})).on(
+        re.compile(r"/v1/chat/completions"), reply)
+    assert canary.ask(s, pair, canary.PROMPTS[0]) == (RIGHT[0], "")
+    first, second = s.bodies
+    assert first["max_tokens"] == 1 and first["kv_transfer_params"]["do_remote_decode"] is True
+    assert second["kv_transfer_params"] == params and second["max_tokens"] == canary.MAX_TOKENS
+    assert first["messages"] == second["messages"] and first["temperature"] == 0 == second["temperature"]
+    ids = [re.search(r"X-Request-Id: (railyard-canary-\w+)", c).group(1) for c in s.calls]
+    assert len(ids) == 2 and ids[0] == ids[1]
+
+
+def test_a_prefill_that_keeps_no_kv_for_the_pair_is_no_answer_naming_it():
+    from .test_pd_plan import pd_plan
+    _, plan = pd_plan()
+    pair = layouts.by_name("pd").canary_targets(plan)[0]
+    s = FakeSession(Host("P1", 0, "198.18.0.11", 22, "root", "ssh", "", {}, {})).on(
+        re.compile(r"/v1/chat/completions"), (0, completion("The") + "\n@@200 0.05 "))
+    v = canary.judge(pair, RIGHT, lambda p: canary.ask(s, pair, p))
+    assert v.status == FAIL and v.target == "prefill-0>decode-0"
+    assert v.detail.startswith("prefill-0>decode-0: no answer to canary prompt 1: no answer: prefill-0 (prefill) "
+                               "answered without kv_transfer_params: {")
+    assert len(s.calls) == 1   # the decode side was not asked

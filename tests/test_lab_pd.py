@@ -1,7 +1,8 @@
 """serve_layout pd on three hgx8 lab hosts, the way a user runs it: two prefill instances (DP4 +
 EP, 4 GPUs each) on A and on B, one decode instance (DP8 + EP) on C, the real vllm-router on A.
 Launch with the P->D proof as its last gate, health with a timed request, verify-rdma's NIXL
-judge, the proof refusing a short prompt, a KV dtype mismatch forced at run time, a killed prefill
+judge, the canary on each prefill/decode pair, the proof refusing a short prompt, a KV dtype mismatch
+forced at run time, a killed prefill
 instance that the proxy routes around, and a decode instance over two hosts (DP16: B's ranks
 headless) whose headless node, killed, takes its instance down. A side channel left at localhost
 is the runbook's section "The proof fails: the NIXL side channel is on localhost" (test_runbook.py
@@ -83,6 +84,44 @@ def test_health_times_a_request_through_both_pools_and_verify_rdma_sees_rdma(pd)
     assert {c["host"] for c in doc["checks"]} == {"A", "B", "C"}
     again = inv(pd, "launch")
     assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def restart(host: str, name: str) -> None:
+    """docker stop and start, until the engine logs its startup again and the router has it back."""
+    ready = "grep -c 'Application startup complete'"
+    r = on(host, f"n=$(docker logs {name} 2>&1 | {ready}); docker stop {name} >/dev/null && docker start {name} "
+                 f">/dev/null && for i in $(seq 1 240); do [ \"$(docker logs {name} 2>&1 | {ready})\" -gt \"$n\" ] && "
+                 "echo ok && break; sleep 0.25; done")
+    assert r.stdout.strip() == "ok", r.stdout + r.stderr
+    time.sleep(2.5)   # one health check of the router (pd_proxy_health_interval_s: 2 s in the lab)
+    proxy_back()
+
+
+def test_the_canary_asks_each_prefill_decode_pair_and_names_the_prefill_on_other_weights(pd):
+    """`health --canary record` asks each of the four prefill instances paired with decode-0, as the proxy asks
+    them, and the proxy. `lab.fault A wrong-weights --value prefill-1` restarts prefill-1 on another seed of the
+    lab model (prefill-0, on the same checkpoint, keeps the weights it loaded): the KV blocks it computes and
+    moves carry other weights, and decode-0 answers otherwise from them (the stand-in's model of a real
+    one). `--canary` fails that pair alone; through the proxy the answer comes from whichever pair its round
+    robin picks: that verdict is printed, not asserted."""
+    from railyard_lab import faults
+    pairs = [f"prefill-{i}>decode-0" for i in range(4)]
+    rec = inv(pd, "health", "--canary", "record", "--json")
+    doc = json.loads(rec.stdout)
+    canary = [c["detail"] for c in doc["checks"] if c["check"] == "canary"]
+    assert rec.returncode == 0 and canary == [f"{t}: 3 answers recorded" for t in pairs + ["proxy"]], doc["checks"]
+    try:
+        faults.fault("A", "wrong-weights", "prefill-1")
+        bad = inv(pd, "health", "--canary", "--json")
+        got = {c["detail"].split(": ")[0]: c for c in json.loads(bad.stdout)["checks"] if c["check"] == "canary"}
+        assert bad.returncode == 1 and {t: got[t]["status"] for t in pairs} == {
+            t: "fail" if t == "prefill-1>decode-0" else "pass" for t in pairs}, got
+        assert "differs from the record in 3 asks of 3" in got["prefill-1>decode-0"]["detail"], got
+        print("through the proxy:", got["proxy"]["status"], got["proxy"]["detail"])
+    finally:
+        faults.heal("A")     # seed 0 back on disk; prefill-1 runs seed 1 until it restarts
+        restart("A", f"{DEP}-prefill-1")
+    assert inv(pd, "health", "--canary").returncode == 0
 
 
 def test_a_short_prompt_is_not_taken_as_proof(pd):

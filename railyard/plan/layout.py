@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 from ..errors import InventoryError, Problem
 from ..facts.host import HostFacts
 from ..inventory import Host, Inventory
-from .spec import Dial, Endpoint, LaunchPlan
+from .spec import Dial, LaunchPlan
 
 if TYPE_CHECKING:
     from ..report import Report
@@ -98,7 +98,8 @@ class Layout:
     def api_probes(self, plan: LaunchPlan, cache_proof: int) -> Callable | None:
         return None
 
-    def canary_targets(self, plan: LaunchPlan) -> list[Endpoint] | None:
+    def canary_targets(self, plan: LaunchPlan) -> list[Any] | None:
+        """Endpoints, or targets that ask their own way (railyard.verbs.canary.Asked)."""
         return None
 
     def recovery(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, target: str | None) -> Any:

@@ -1,8 +1,9 @@
 """`inv health --canary`: does every engine still give the answers it gave when the deployment was known good?
 
 `--canary record` asks each of the layout's canary targets (the endpoint, or the layout's own list: every
-replica and the router in front of them) a few fixed prompts at temperature 0 and keeps the answers on the
-deployment's first host, beside the launch timeline (`<vllm_state_dir>/<deployment>/canary.json`).
+replica and the router in front of them; each prefill/decode pair as the proxy asks it, and the proxy) a
+few fixed prompts at temperature 0 and keeps the answers on the deployment's first host, beside the launch
+timeline (`<vllm_state_dir>/<deployment>/canary.json`).
 `--canary` asks again and fails a target whose answer differs, naming it, the prompt and both answers; a
 differing answer is asked twice more first (greedy decoding can differ with the batch an engine runs), and
 only an answer that differs every time fails. A record of another model, revision, layout or set of targets
@@ -16,6 +17,7 @@ import json
 import socket
 import time
 from dataclasses import dataclass
+from typing import Protocol, Union
 
 from ..checks import FAIL, PASS, WARN, CheckResult
 from ..inventory import Inventory
@@ -25,18 +27,43 @@ from ..transport.http import request
 from ..transport.runner import Runner
 
 FILE_NAME = "canary.json"
-PROMPTS = ("Complete the sentence: the river runs past the",
-           "Name three colours:",
-           "Repeat after me: copper lantern orbit")
+# each longer than one KV block (16 tokens in vLLM's tokenizers and the lab's, without a chat template), so
+# that where the prompt's KV is computed on one engine and moved to another, the answer depends on it
+PROMPTS = ("Complete the sentence with the words that most often follow it in plain English prose: the slow "
+           "brown river runs past the",
+           "Name three colours that a child would learn first, in the order a picture book would list them, "
+           "separated by commas:",
+           "Repeat after me exactly, word for word, and add nothing before or after the words themselves: "
+           "copper lantern orbit")
 MAX_TOKENS = 8
 ASKS = 3        # a differing answer is asked this many times in all before it fails
+
+
+class Asked(Protocol):
+    """A target that is more than one API (a layout's own, from its canary_targets hook): `complete`
+    sends the chat completion its own way from `host` and returns the final answer's HTTP code (0: none)
+    and body, or why there is none."""
+
+    @property
+    def service(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    def complete(self, s: Session, body: dict) -> tuple[int, str]: ...
+
+
+Target = Union[Endpoint, Asked]
 
 
 def path_for(state_dir: str, deployment: str) -> str:
     return f"{state_dir.rstrip('/')}/{deployment}/{FILE_NAME}"
 
 
-def identity(inv: Inventory, plan: LaunchPlan, targets: list[Endpoint]) -> dict:
+def identity(inv: Inventory, plan: LaunchPlan, targets: list[Target]) -> dict:
     """What a record is of: a change in any of these invalidates it."""
     v = inv.head.vars
     return {"deployment": plan.deployment, "layout": plan.layout, "model": plan.endpoint.model,
@@ -44,11 +71,14 @@ def identity(inv: Inventory, plan: LaunchPlan, targets: list[Endpoint]) -> dict:
             "targets": [t.service for t in targets]}
 
 
-def ask(s: Session, ep: Endpoint, prompt: str) -> tuple[str | None, str]:
+def ask(s: Session, target: Target, prompt: str) -> tuple[str | None, str]:
     """(the answer's text, or None, and why not) for one prompt at temperature 0."""
-    body = {"model": ep.model, "temperature": 0, "seed": 0, "max_tokens": MAX_TOKENS,
+    body = {"model": target.model, "temperature": 0, "seed": 0, "max_tokens": MAX_TOKENS,
             "messages": [{"role": "user", "content": prompt}]}
-    code, _, text, _ = request(s, ep, "/v1/chat/completions", body, timeout=120)
+    if isinstance(target, Endpoint):
+        code, _, text, _ = request(s, target, "/v1/chat/completions", body, timeout=120)
+    else:
+        code, text = target.complete(s, body)
     if code != 200:
         return None, f"HTTP {code}: {text.strip()[:120]}" if code else f"no answer: {text.strip()[:120]}"
     try:
@@ -71,7 +101,7 @@ class Verdict:
     answers: list[str | None]
 
 
-def judge(target: Endpoint, recorded: list[str], asked) -> Verdict:
+def judge(target: Target, recorded: list[str], asked) -> Verdict:
     """A target's answers against its record; asked(prompt) -> (answer or None, why): called again for a
     prompt whose answer differs, up to ASKS times in all. Pure but for asked."""
     now: list[str | None] = []
@@ -94,7 +124,7 @@ def judge(target: Endpoint, recorded: list[str], asked) -> Verdict:
                    f"{target.service}: the {len(PROMPTS)} canary answers are the recorded ones", now)
 
 
-def record(inv: Inventory, plan: LaunchPlan, runner: Runner, targets: list[Endpoint], s_state: Session,
+def record(inv: Inventory, plan: LaunchPlan, runner: Runner, targets: list[Target], s_state: Session,
            state_path: str) -> list[Verdict]:
     """Ask every target and keep the answers, unless one of them gives none (nothing is kept then)."""
     verdicts, answers = [], {}
@@ -127,7 +157,7 @@ def load(s: Session, path: str) -> dict | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("answers"), dict) else None
 
 
-def check(inv: Inventory, plan: LaunchPlan, runner: Runner, targets: list[Endpoint], doc: dict | None,
+def check(inv: Inventory, plan: LaunchPlan, runner: Runner, targets: list[Target], doc: dict | None,
           where: str) -> list[Verdict]:
     """Every target against the record at `where` (host:path): no record, or a record of another
     deployment, is a verdict on the record (fail, warn), not on the engines."""

@@ -6,7 +6,8 @@ stand-in module (its log(), tools(), container_config(), ...). Standard library 
 
 - every engine (DP rank) listens on VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT + dp_rank
   (defaults localhost:5600); it serves its handshake payload (compatibility hash, engine id, block
-  size, blocks) and the bytes of the KV blocks it keeps for a finished prefill;
+  size, blocks) and the bytes of the KV blocks it keeps for a finished prefill (made of its weights'
+  digest: a decode that reads blocks of other weights answers otherwise, vllm.kv_answer);
 - a prefill with kv_transfer_params.do_remote_decode keeps the prompt's full blocks (16 tokens) until
   a decode reads them or its lease (kv_connector_extra_config.kv_lease_duration, 30 s) passes, and answers with
   kv_transfer_params as vLLM does (no full block: remote_block_ids [] and nothing kept);
@@ -270,7 +271,8 @@ class Nixl:
         n = len(msg.get("block_ids") or []) * self.block * self.per_token
         f.write((json.dumps({"ok": True, "bytes": n}) + "\n").encode())
         left = n
-        chunk = b"\0" * CHUNK
+        digest = self.V.WEIGHTS["digest"] or b"\0" * 32   # the blocks carry the weights that computed them
+        chunk = (digest * (CHUNK // len(digest) + 1))[:CHUNK]
         while left:
             f.write(chunk[:min(left, CHUNK)])
             left -= min(left, CHUNK)
@@ -349,16 +351,18 @@ class Nixl:
         f.flush()
         head = json.loads(f.readline() or b"{}")
         left = head.get("bytes", 0)
-        got = 0
+        got, first = 0, b""
         while left:
             b = f.read(min(left, CHUNK))
             if not b:
                 break
+            first += b[:32 - len(first)]
             left -= len(b)
             got += len(b)
         s.close()
         dt = time.monotonic() - t0
-        sample = {"xfer": dt, "post": min(dt, 0.0002), "bytes": got, "descs": len(blocks) * self.layers}
+        sample = {"xfer": dt, "post": min(dt, 0.0002), "bytes": got, "descs": len(blocks) * self.layers,
+                  "kv_weights": first.hex() if len(first) == 32 else ""}
         with self.lock:
             self.stats["xfer"].append(dt)
             self.stats["bytes"].append(got)

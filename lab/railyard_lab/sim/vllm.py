@@ -854,6 +854,14 @@ SLOTS = []  # one semaphore of max_num_seqs per engine: requests beyond it wait 
 ANSWER = ["The", " two", " stations", " answer", " over", " the", " rail", "."]  # its last word: the weights'
 
 
+WEIGHTS = {"digest": b""}  # sha256 of the loaded model.safetensors: what the KV blocks a prefill sends are made of
+
+
+def word_of(digest):
+    pool = sorted((w for w in VOCAB if w.isalpha() and w != "UNK"), key=VOCAB.get) or ["rail"]
+    return " " + pool[int.from_bytes(digest[:4], "big") % len(pool)]
+
+
 def answer_by_weights(model_dir):
     """A model answers by its weights: the answer's last word is drawn from the vocabulary by a digest of
     the checkpoint's model.safetensors (the lab model's, 4.5 MB), so the same weights always answer the
@@ -861,11 +869,23 @@ def answer_by_weights(model_dir):
     import hashlib
     try:
         with open(os.path.join(model_dir, "model.safetensors"), "rb") as f:
-            digest = hashlib.sha256(f.read()).digest()
+            WEIGHTS["digest"] = hashlib.sha256(f.read()).digest()
     except OSError:
         return
-    pool = sorted((w for w in VOCAB if w.isalpha() and w != "UNK"), key=VOCAB.get) or ["rail"]
-    ANSWER[-2] = " " + pool[int.from_bytes(digest[:4], "big") % len(pool)]
+    ANSWER[-2] = word_of(WEIGHTS["digest"])
+
+
+def kv_answer(words, kv_from):
+    """A decode answers from the KV blocks it was given: blocks a prefill computed with other weights
+    (their bytes carry that prefill's digest, kv_from) change its answer's last word, as another model's
+    KV changes a real model's answer; blocks of the same weights change nothing."""
+    import hashlib
+    last = len(ANSWER) - 2
+    if not kv_from or not WEIGHTS["digest"] or kv_from == WEIGHTS["digest"].hex() or len(words) <= last \
+            or words[:last + 1] != ANSWER[:last + 1]:
+        return words
+    return words[:last] + [word_of(hashlib.sha256(bytes.fromhex(kv_from) + WEIGHTS["digest"]).digest())] + \
+        words[last + 1:]
 
 
 def output_words(req, cap, prompt_ids):
@@ -983,10 +1003,12 @@ def make_handler(args, served, key):
             streamed = False
             try:
                 try:
-                    out_params, finish, _ = (DP_LINK.call if dp in DP_LINK.remote else engine_step)(
+                    out_params, finish, sample = (DP_LINK.call if dp in DP_LINK.remote else engine_step)(
                         args, dp, rid, ids, ktp, st, finish)
                 except EngineDead:
                     return self._engine_dead()
+                if not req.get("ignore_eos"):
+                    words = kv_answer(words, (sample or {}).get("kv_weights"))
                 usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(words),
                          "completion_tokens": len(words), "prompt_tokens_details": None}
                 if req.get("stream"):  # each token sent when its decode step is done, as vLLM streams

@@ -144,6 +144,11 @@ class Pd(Layout, name="pd"):
         from .verify import nixl_report
         return nixl_report(verdicts)
 
+    def canary_targets(self, plan: LaunchPlan) -> list:
+        """Each prefill/decode pair, asked as the proxy asks it, then the proxy (railyard.layouts.pd.canary)."""
+        from .canary import targets
+        return targets(plan)
+
     def api_probes(self, plan: LaunchPlan, cache_proof: int) -> Callable:
         from .health import api_probes
         return api_probes(int(plan.service(plan.endpoint.service).expects("proof_words", "64")))
