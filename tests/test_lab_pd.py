@@ -1,12 +1,12 @@
 """serve_layout pd on three hgx8 lab hosts, the way a user runs it: two prefill instances (DP4 +
 EP, 4 GPUs each) on A and on B, one decode instance (DP8 + EP) on C, the real vllm-router on A.
 Launch with the P->D proof as its last gate, health with a timed request, verify-rdma's NIXL
-judge, the canary on each prefill/decode pair, the proof refusing a short prompt, a KV dtype mismatch
-forced at run time, a killed prefill
-instance that the proxy routes around, and a decode instance over two hosts (DP16: B's ranks
-headless) whose headless node, killed, takes its instance down. A side channel left at localhost
-is the runbook's section "The proof fails: the NIXL side channel is on localhost" (test_runbook.py
-runs its commands against this layout and checks the fix it names).
+judge, the canary on each prefill/decode pair, the proof refusing a short prompt, a KV dtype
+mismatch forced at run time, a killed prefill instance that the proxy routes around and recover
+brings back alone, a hung decode instance killed and brought back alone, and a decode instance
+over two hosts (DP16: B's ranks headless) whose headless node, killed, takes its instance down. A
+side channel left at localhost is the runbook's section "The proof fails: the NIXL side channel is
+on localhost" (test_runbook.py runs its commands against this layout and checks the fix it names).
 
 On the vLLM stand-in: DP4/DP8 with EP per instance, which the CPU build cannot serve, and faults
 forced at run time; pd on the real engine and the real NIXL is in test_lab_real_pd.py."""
@@ -181,6 +181,35 @@ def test_a_killed_prefill_instance_is_routed_around_and_named_by_health(pd):
     assert h.returncode == 1
     dead = [c for c in doc["checks"] if c["status"] == "fail" and c["host"] == "B"]
     assert any("prefill-3" in c["detail"] for c in dead), dead
+    started = {n: on(h, f"docker inspect -f '{{{{.State.StartedAt}}}}' {DEP}-{n}").stdout
+               for h, n in (("A", "prefill-0"), ("B", "prefill-2"), ("C", "decode-0"), ("A", "proxy"))}
+    r = inv(pd, "recover")
+    done = [ln.strip().removeprefix("done: ") for ln in r.stdout.splitlines() if ln.strip().startswith("done: ")]
+    assert r.returncode == 0 and "OK: prefill-3 recovered" in r.stdout, r.stdout[-3000:] + r.stderr
+    assert done[:4] == ["the proxy's health check took prefill-3 out", "started prefill-3: ready",
+                        "the proxy's health check has prefill-3 back",
+                        "a 64-word request through prefill-3>decode-0 answered, its KV blocks moved over NIXL"], done
+    # the others served on: none of them was restarted
+    assert started == {n: on(h, f"docker inspect -f '{{{{.State.StartedAt}}}}' {DEP}-{n}").stdout
+                       for h, n in (("A", "prefill-0"), ("B", "prefill-2"), ("C", "decode-0"), ("A", "proxy"))}
+    assert inv(pd, "health").returncode == 0
+
+
+def test_a_hung_decode_instance_is_killed_and_comes_back_alone(pd):
+    """engine-hang stops decode-0's engine (SIGSTOP): /health still answers, so the proxy keeps it; recover
+    names it hung, kills it, waits for the proxy's health check to take it out, starts it alone, and proves
+    it with a request through prefill-0 and it."""
+    from railyard_lab import faults
+    try:
+        faults.fault("C", "engine-hang", "decode-0")
+        r = inv(pd, "recover")
+    finally:
+        faults.heal("C")
+    done = [ln.strip().removeprefix("done: ") for ln in r.stdout.splitlines() if ln.strip().startswith("done: ")]
+    assert r.returncode == 0 and done[:2] == ["killed decode-0", "the proxy's health check took decode-0 out"], \
+        r.stdout[-3000:] + r.stderr
+    assert "a 64-word request through prefill-0>decode-0 answered, its KV blocks moved over NIXL" in done, done
+    assert inv(pd, "health").returncode == 0
 
 
 def test_a_decode_instance_over_two_hosts_serves_and_dies_whole(pd):

@@ -62,7 +62,7 @@ def test_every_layout_is_one_package_found_by_the_registry():
         assert re.fullmatch(r"railyard\.layouts\.\w+", module), (name, module)
     # what an error names as the layouts able to do something comes from the classes' own hooks
     assert layouts.names_where(lambda cls: cls.cache_proof) == ("replicas",)
-    assert layouts.names_where(lambda cls: cls.recovery is not layouts.Layout.recovery) == ("replicas",)
+    assert layouts.names_where(lambda cls: cls.recovery is not layouts.Layout.recovery) == ("replicas", "pd")
     packages = {p.parent.name for p in (PKG / "layouts").glob("*/__init__.py")}
     assert packages == {type(layouts.by_name(n)).__module__.rsplit(".", 1)[1] for n in names}
 

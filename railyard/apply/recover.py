@@ -10,7 +10,7 @@ deployment's first host, beside the launch timeline, `<vllm_state_dir>/<deployme
 (the last 50); `inv status` shows the ones inside the budget's window and what is left of it.
 
 Pure: `spent`, `budget_left`, `add_record`, `recover_report`; `Book` reads and writes the record;
-`take_down` stops (or, hung, kills) one service.
+`take_down` stops (or, hung, kills) one service, `start_alone` starts some and gates them.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ import getpass
 import json
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..checks import FAIL, PASS, CheckResult
 from ..errors import LaunchError, RailyardError
 from ..inventory import Inventory
-from ..plan.spec import LaunchPlan, Service
+from ..plan.spec import LaunchPlan, Service, Stage
 from ..report import Report
 from ..transport import Session, cmd, read_remote, write_remote
 from ..transport.runner import Runner
-from .executor import LaunchReport
+from .executor import LaunchReport, Show, run_stages
 from .lock import lock_host
 
 FILE_NAME = "recoveries.json"
@@ -68,6 +68,21 @@ def take_down(s: Session, svc: Service, rec: Recovery) -> None:
     if not r.ok and "No such" not in r.stderr and "is not running" not in r.stderr:
         raise LaunchError(f"could not stop {svc.name}: {(r.stderr or str(r.error)).strip()}")
     rec.done.append(f"{'killed' if kill else 'stopped'} {svc.name}")
+
+
+def start_alone(plan: LaunchPlan, runner: Runner, services: list[Service], rec: Recovery, timeout: float,
+                show: Show | None) -> None:
+    """`docker start` the services' containers (each on its host) as one stage, gated as launch gates them
+    (their ready gates); the report goes into rec, a failed gate raises LaunchError."""
+    def start_one(svc: Service) -> str | None:
+        r = runner.session(svc.host).run(cmd("docker", "start", svc.spec.name), timeout=120)
+        return None if r.ok else (r.stderr.strip() or str(r.error))
+
+    rep = run_stages(replace(plan, stages=(Stage(tuple(services), wait="ready"),)), runner, timeout, show, start_one)
+    rec.report = rep
+    if rep.failure:
+        raise LaunchError(rep.failure)
+    rec.done.append(f"started {', '.join(svc.name for svc in services)}: ready")
 
 
 # ---------------------------------------------------------------- the budget and the record

@@ -167,14 +167,15 @@ def health(inventory=None, json=False, watch=None, cache_proof=False, proof_word
         time.sleep(watch)
 
 
-@rtask(help={"replica": "replicas layout: restart this replica (r0, r1, ...) even if healthy, a planned restart",
+@rtask(help={"replica": "restart this service even if healthy, a planned restart: a replica (r0, r1, ...), an "
+                        "instance (prefill-0, decode-0, ...) or the proxy",
              "dry-run": "print the path recover would take, why, and the restart budget left; change nothing",
              "timeout": "seconds each start may take to pass its gates (default: vllm_start_timeout_s)",
              "drain-timeout": "seconds to wait for a drained replica's requests in flight (default 300)"},
        numbers={"timeout": float, "drain_timeout": float})
 def recover(inventory=None, replica=None, dry_run=False, timeout=None, drain_timeout=None, json=False, set_=None):
-    """Bring a dead or hung deployment back: a replica alone (replicas), else the group in stage order; a
-    restart budget stops a crash loop, and every recovery is recorded (inv status shows it)."""
+    """Bring a dead or hung deployment back: a replica alone (replicas), an instance alone (pd), else the group
+    in stage order; a restart budget stops a crash loop, and every recovery is recorded (inv status shows it)."""
     from ..verbs.recover import recover as run
     con = console()
     plan, rec = run(load(inventory, set_), replica, dry_run, timeout, 300.0 if drain_timeout is None else drain_timeout,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...errors import Problem
 from ...inventory import IMAGE_RE, Host, Inventory, origin_of, set_by_default
@@ -143,6 +143,16 @@ class Pd(Layout, name="pd"):
     def rdma_report(self, verdicts: list) -> Report:
         from .verify import nixl_report
         return nixl_report(verdicts)
+
+    def recovery(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None) -> Any:
+        """One instance alone, or the proxy alone; otherwise the group path (railyard.layouts.pd.recover)."""
+        from .recover import survey
+        return survey(plan, runner, target)
+
+    def restore(self, inv: Inventory, runner: Runner, plan: LaunchPlan, rec: Any, timeout: float,
+                drain_timeout: float, show: Any) -> Any:
+        from .recover import restore
+        return restore(inv, runner, plan, rec, timeout, show)
 
     def canary_targets(self, plan: LaunchPlan) -> list:
         """Each prefill/decode pair, asked as the proxy asks it, then the proxy (railyard.layouts.pd.canary)."""

@@ -23,7 +23,7 @@ the restart budget and records the recovery.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ...facts import ParseError
 from ...errors import LaunchError, UsageError
@@ -31,12 +31,12 @@ from ...facts.probe import Section, joined_script, new_token, split_output
 from ...facts.gpu import Gpu, apps_section, gpus_section, parse_compute_apps, parse_gpus
 from ...transport.runner import Runner
 from ...engines.litellm import CONFIG_TARGET, parse_health
-from ...plan.spec import Endpoint, LaunchPlan, Service, Stage
-from ...transport import Session, Sh, cmd, write_remote
+from ...plan.spec import Endpoint, LaunchPlan, Service
+from ...transport import Session, Sh, write_remote
 from ...facts.docker import inspect
 from ...transport.http import parse_metrics, request
-from ...apply.executor import Show, run_stages
-from ...apply.recover import Recovery, take_down
+from ...apply.executor import Show
+from ...apply.recover import Recovery, start_alone, take_down
 from ...inventory import Inventory
 
 DRAIN_FILE = "drained"
@@ -311,19 +311,6 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
                 + (f"; held by {holders}" if holders else ""))
         rec.done.append(f"free GPU memory checked for {', '.join(svc.name for svc in svcs)}")
 
-    def start(svcs: list[Service], stages: tuple[Stage, ...]) -> None:
-        sub = replace(plan, stages=stages)
-
-        def start_one(svc: Service) -> str | None:
-            r = s.run(cmd("docker", "start", svc.spec.name), timeout=120)
-            return None if r.ok else (r.stderr.strip() or str(r.error))
-
-        rep = run_stages(sub, runner, timeout, show, start_one)
-        rec.report = rep
-        if rep.failure:
-            raise LaunchError(rep.failure)
-        rec.done.append(f"started {', '.join(svc.name for svc in svcs)}: ready")
-
     try:
         if rec.path == "short":
             set_drained(s, plan, rec.services)
@@ -335,7 +322,7 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
                         rec.done.append(f"{svc.name}: no request in flight" + (f" ({why})" if why else ""))
                     take_down(s, svc, rec)
             memory_ok(targets)
-            start(targets, (Stage(tuple(targets), wait="ready"),))
+            start_alone(plan, runner, targets, rec, timeout, show)
             set_drained(s, plan, [])
             rec.done.append(f"put {', '.join(rec.services)} back into routing")
             routed(targets)
@@ -347,9 +334,9 @@ def execute(plan: LaunchPlan, runner: Runner, rec: Recovery, util: float, timeou
             for svc in reversed(running):
                 take_down(s, svc, rec)
             take_down(s, lmc, rec)
-            start([lmc], (Stage((lmc,), wait="ready"),))
+            start_alone(plan, runner, [lmc], rec, timeout, show)
             memory_ok(targets)
-            start(targets, (Stage(tuple(targets), wait="ready"),))
+            start_alone(plan, runner, targets, rec, timeout, show)
             routed(targets)
     except LaunchError as e:
         rec.failure = str(e)
