@@ -191,3 +191,26 @@ def test_a_prefill_that_keeps_no_kv_for_the_pair_is_no_answer_naming_it():
     assert v.detail.startswith("prefill-0>decode-0: no answer to canary prompt 1: no answer: prefill-0 (prefill) "
                                "answered without kv_transfer_params: {")
     assert len(s.calls) == 1   # the decode side was not asked
+
+
+def test_a_launch_records_the_canary_once_and_a_relaunch_keeps_the_record_of_the_same_deployment():
+    s = session({8001: list(RIGHT), 8002: list(RIGHT)})
+    path = "/root/.cache/railyard/serve/vllm-replicas/canary.json"
+    s.on(re.compile(r"canary\.json"), lambda c: (0, "") if "mv -f" in c else (1, ""))   # no record yet
+    line = canary.at_launch(Inv(), _plan(), Runner(s), [R0, R1], s, path, f"A:{path}")
+    assert line == f"canary: 3 answers of r0, r1 recorded at A:{path} (inv health --canary judges against them)"
+    assert len([c for c in s.calls if "mv -f" in c]) == 1
+    kept = FakeSession(Host("A", 0, "198.18.0.11", 22, "root", "ssh", "", {}, {})).on(
+        re.compile(r"canary\.json"), (0, json.dumps(_record([R0, R1]))))
+    line = canary.at_launch(Inv(), _plan(), Runner(kept), [R0, R1], kept, path, "A:x")
+    assert line == "canary: the record at A:x is of this deployment: kept (inv health --canary judges against it)"
+    assert not [c for c in kept.calls if "/v1/chat/completions" in c or "mv -f" in c]   # nothing asked or written
+
+
+def test_a_launch_whose_engine_does_not_answer_the_canary_records_nothing_and_says_so():
+    s = session({8001: list(RIGHT), 8002: [None, None, None]})
+    s.on(re.compile(r"canary\.json"), lambda c: (0, "") if "mv -f" in c else (0, json.dumps(_record([R0], "b" * 40))))
+    line = canary.at_launch(Inv(), _plan(), Runner(s), [R0, R1], s, "/root/x/canary.json", "A:x")
+    assert line.startswith("canary: not recorded (r1: no answer to canary prompt 1: no answer: curl: (28)")
+    assert line.endswith("record it once it answers: inv health --canary record")
+    assert not [c for c in s.calls if "mv -f" in c]

@@ -155,3 +155,17 @@ def test_the_api_key_is_in_no_argv_log_json_or_readable_file(clean):
     holders = [p for h in ("A", "B") for p in home(h).rglob("*")
                if p.is_file() and not p.is_symlink() and key.encode() in p.read_bytes()]
     assert holders and all((p.stat().st_mode & 0o777) == 0o600 for p in holders), holders
+
+
+def test_a_launch_records_the_canary_and_a_relaunch_of_the_same_deployment_keeps_it(clean):
+    """canary_at_launch (on by default; the lab's inventory turns it off for the suite's many launches): the
+    launch that brought the stations up records the canary's answers, `inv health --canary` judges against
+    them with no `--canary record` before it, and a relaunch of the same deployment keeps the record."""
+    for f in (home("A") / ".cache" / "railyard" / "serve").glob("*/canary.json"):
+        f.unlink()
+    r = inv_cmd("launch", "-i", str(clean), "--set", "canary_at_launch=true", "--timeout", "60")
+    assert r.returncode == 0 and "canary: 3 answers of head recorded at A:" in r.stdout, r.stdout + r.stderr
+    assert inv_cmd("health", "--canary", "-i", str(clean)).returncode == 0
+    remove_containers(NAME)
+    again = inv_cmd("launch", "-i", str(clean), "--set", "canary_at_launch=true", "--timeout", "60")
+    assert again.returncode == 0 and "is of this deployment: kept" in again.stdout, again.stdout + again.stderr

@@ -1057,6 +1057,8 @@ def _write_inventory(root: Path, hosts: list[LabHost], gpu: str = "H200", engine
                     "pd_proxy_health_failures": 1} if shape == "hgx8" else {}),
                 # veth links report 10000Mb/s; real ConnectX-8 rails report 400000
                 "preflight_link_speed_mbps": 10000,
+                # the tests launch hundreds of times; the one that checks a launch's canary record sets it
+                "canary_at_launch": False,
                 "preflight_disk_margin_gb": 1,
                 **_layout_vars(layout, engine, hosts),
             },

@@ -95,6 +95,7 @@ class LaunchReport:
     timeline: list = field(default_factory=list)            # ops.timeline.Timeline per vLLM container
     timeline_file: str = ""               # host:path where this launch's timeline is kept for the next one
     timeline_note: str = ""               # why the previous one was not read or this one not kept
+    canary: str = ""                      # what became of the canary record (canary_at_launch)
     timeline_previous: dict | None = None  # the previous launch's timeline: written_at, by, file
 
     @property

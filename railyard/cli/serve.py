@@ -74,6 +74,8 @@ def _print_launch(rep, con, what: str) -> int:
     key = f"the key is in {ep.api_key_file} on {ep.host}" if ep.api_key_file else "it takes no API key"
     con.print(Text(f"{what}: ready in {rep.ready_seconds:.1f} s ({' -> '.join(rep.order)}); API {rep.api} ({key})",
                    style="bold green"))
+    if rep.canary:
+        con.print(rep.canary, style="yellow" if "not recorded" in rep.canary else "dim", markup=False)
     return 0
 
 

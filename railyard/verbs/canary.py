@@ -148,6 +148,27 @@ def record(inv: Inventory, plan: LaunchPlan, runner: Runner, targets: list[Targe
     return verdicts
 
 
+def at_launch(inv: Inventory, plan: LaunchPlan, runner: Runner, targets: list[Target], s_state: Session,
+              state_path: str, where: str) -> str:
+    """After a launch that brought the deployment up: record its answers unless a record of this same
+    deployment is kept (a relaunch keeps the known-good answers to judge the new engines by). One line."""
+    doc = load(s_state, state_path)
+    if doc is not None and current(inv, plan, targets, doc):
+        return f"canary: the record at {where} is of this deployment: kept (inv health --canary judges against it)"
+    verdicts = record(inv, plan, runner, targets, s_state, state_path)
+    failed = [v for v in verdicts if v.status != PASS]
+    if failed:
+        return f"canary: not recorded ({failed[0].detail}); record it once it answers: inv health --canary record"
+    return (f"canary: {len(PROMPTS)} answers of {', '.join(v.target for v in verdicts)} recorded at {where} "
+            "(inv health --canary judges against them)")
+
+
+def current(inv: Inventory, plan: LaunchPlan, targets: list[Target], doc: dict) -> bool:
+    """Whether a record is of this deployment: its model, revision, layout, targets and prompts."""
+    now = identity(inv, plan, targets)
+    return all(doc.get(k) == now[k] for k in now) and list(doc.get("prompts") or []) == list(PROMPTS)
+
+
 def load(s: Session, path: str) -> dict | None:
     text = read_remote(s, path)
     try:
@@ -167,7 +188,7 @@ def check(inv: Inventory, plan: LaunchPlan, runner: Runner, targets: list[Target
                                          "right (inv health --canary record)", [])]
     now = identity(inv, plan, targets)
     changed = [k for k in now if doc.get(k) != now[k]]
-    if changed or list(doc.get("prompts") or []) != list(PROMPTS):
+    if not current(inv, plan, targets, doc):
         what = "; ".join(f"{k} {doc.get(k)!r} -> {now[k]!r}" for k in changed) or "the canary prompts changed"
         return [Verdict("-", head, WARN, f"the canary record at {where} is of another deployment ({what}): "
                                          "invalidated, not judged; record again (inv health --canary record)", [])]

@@ -87,7 +87,22 @@ def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool
             rep = ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, show)
             if not rep.noop:
                 keep_timeline(inv, plan, runner, rep)
+            if not rep.noop and not rep.failure and lock.lock_host(inv).vars["canary_at_launch"]:
+                keep_canary(inv, plan, runner, rep)
             return rep
+
+
+def keep_canary(inv: Inventory, plan: LaunchPlan, runner: Runner, rep: LaunchReport) -> None:
+    """The canary's answers recorded on the deployment's first host (railyard.verbs.canary.at_launch). Never
+    fails the launch."""
+    from . import canary
+    host = lock.lock_host(inv)
+    path = canary.path_for(host.vars["vllm_state_dir"], plan.deployment)
+    targets = layouts.get(inv).canary_targets(plan) or [plan.endpoint]
+    try:
+        rep.canary = canary.at_launch(inv, plan, runner, targets, runner.session(host), path, f"{host.name}:{path}")
+    except RailyardError as e:
+        rep.canary = f"canary: not recorded: {e}"
 
 
 def keep_timeline(inv: Inventory, plan: LaunchPlan, runner: Runner, rep: LaunchReport) -> None:
@@ -264,5 +279,5 @@ def launch_report(rep, dry_run: bool = False) -> Report:
                  "proof": rep.proof or None, "failure": rep.failure, "hint": rep.hint or None, "logs": rep.logs,
                  "rolled_back": rep.rolled_back, "timeline": [t.as_dict() for t in rep.timeline],
                  "timeline_file": rep.timeline_file or None, "timeline_previous": rep.timeline_previous,
-                 "timeline_note": rep.timeline_note or None})
+                 "timeline_note": rep.timeline_note or None, "canary": rep.canary or None})
     return Report(checks, data)
