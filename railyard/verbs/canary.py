@@ -186,10 +186,10 @@ def check(inv: Inventory, plan: LaunchPlan, runner: Runner, targets: list[Target
     if doc is None:
         return [Verdict("-", head, FAIL, f"no canary record at {where}: record one on a deployment known to answer "
                                          "right (inv health --canary record)", [])]
-    now = identity(inv, plan, targets)
-    changed = [k for k in now if doc.get(k) != now[k]]
     if not current(inv, plan, targets, doc):
-        what = "; ".join(f"{k} {doc.get(k)!r} -> {now[k]!r}" for k in changed) or "the canary prompts changed"
+        now = identity(inv, plan, targets)
+        what = "; ".join(f"{k} {doc.get(k)!r} -> {now[k]!r}" for k in now if doc.get(k) != now[k]) \
+            or "the canary prompts changed"
         return [Verdict("-", head, WARN, f"the canary record at {where} is of another deployment ({what}): "
                                          "invalidated, not judged; record again (inv health --canary record)", [])]
     out = []

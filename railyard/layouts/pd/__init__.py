@@ -61,6 +61,11 @@ def pool_of(h: Host) -> str | None:
     return next((p for p in POOLS if p in h.groups), None)
 
 
+def url_of(svc: Service) -> str:
+    """How the proxy names an instance (its --prefill / --decode argument, and its /workers entries)."""
+    return f"http://{svc.spec.bind}:{svc.spec.ports[0]}"
+
+
 def serving(plan: LaunchPlan) -> list[Service]:
     """The instances that serve an API: each single-host instance and the head of each multi-host one."""
     return [s for s in plan.services() if s.role in POOLS and not s.rank]
@@ -453,7 +458,7 @@ class Pd(Layout, name="pd"):
         h = self.proxy_host(inv)
         assert h is not None  # validate() names a pd_proxy_host that is not in the inventory
         v = h.vars
-        urls = {p: [f"http://{s.spec.bind}:{s.spec.ports[0]}" for s in instances if s.role == p] for p in POOLS}
+        urls = {p: [url_of(s) for s in instances if s.role == p] for p in POOLS}
         command = ["vllm-router", "--vllm-pd-disaggregation", "--kv-connector", "nixl"]
         for u in urls["prefill"]:
             command += ["--prefill", u]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ...plan.spec import Endpoint, LaunchPlan
 from ...transport import Session
 from ...transport.http import request
-from . import serving
+from . import POOLS, serving
 
 TIMEOUT_S = 120
 # what the proxy sends with the prefill request (vllm-router 0.1.17 and vLLM's toy_proxy_server.py)
@@ -60,5 +60,5 @@ class Pair:
 def targets(plan: LaunchPlan) -> list:
     """Every pair of a serving prefill instance and a serving decode instance, then the proxy."""
     model = plan.endpoint.model
-    pools = {pool: [Endpoint.of(x, model) for x in serving(plan) if x.role == pool] for pool in ("prefill", "decode")}
+    pools = {pool: [Endpoint.of(x, model) for x in serving(plan) if x.role == pool] for pool in POOLS}
     return [Pair(p, d, plan.endpoint.host) for p in pools["prefill"] for d in pools["decode"]] + [plan.endpoint]

@@ -37,16 +37,11 @@ from ...plan.spec import Endpoint, LaunchPlan, Service
 from ...transport import Session
 from ...transport.http import request
 from ...transport.runner import Runner
-from . import POOLS, serving
+from . import POOLS, serving, url_of
 from .canary import Pair
 from .proof import proof_prompt, xfer_count
 
 TITLE = "instance path: restart it alone, the proxy's health check taking it out and back"
-
-
-def url_of(svc: Service) -> str:
-    """How the proxy names the instance (its --prefill / --decode argument)."""
-    return f"http://{svc.spec.bind}:{svc.spec.ports[0]}"
 
 
 def decide(plan: LaunchPlan, healths: list[RankHealth], reached: dict[str, bool],
