@@ -60,3 +60,21 @@ def test_verify_rdma_gives_no_pass_to_nixl_over_tcp(pd):
     nixl = [c for c in doc["checks"] if c["check"] == "nixl"]
     assert nixl and all(c["status"] == "fail" for c in nixl), nixl
     assert all("UCX_NET_DEVICES=enp24s0np0 names no rail HCA" in c["detail"] for c in nixl), nixl
+
+
+def test_each_engines_nixl_progress_thread_sleeps_between_ucx_events(pd):
+    """The lab's accommodation for its two cores (sim/engine_site.py): NIXL's Python API pins the UCX
+    progress thread's poll delay at 0, a poll that returns at once, and a pd pair kept both cores busy for
+    as long as it lived. In the lab each engine worker's progress thread waits in poll() on its workers'
+    event fds with a 1 ms timeout. Read from /proc: poll is syscall 7 on x86-64, its third argument the
+    timeout in ms; a thread that spins is seen running, never waiting there."""
+    script = ("me=$(readlink /proc/self/ns/net); for i in 1 2 3 4 5 6 7 8 9 10; do "
+              "for d in /proc/[0-9]*; do [ \"$(readlink $d/ns/net 2>/dev/null)\" = \"$me\" ] || continue; "
+              "case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in VLLM::Worker*) "
+              "for t in $d/task/*; do echo \"${d#/proc/} $(cat $t/syscall 2>/dev/null)\"; done;; esac; done; "
+              "sleep 0.1; done")
+    for host in ("A", "B"):
+        lines = [ln.split() for ln in on(host, script).stdout.splitlines()]
+        workers = {ln[0] for ln in lines}
+        waiting = {ln[0] for ln in lines if ln[1:2] == ["7"] and ln[3:5] == ["0x2", "0x1"]}
+        assert workers and waiting == workers, (host, workers, waiting)

@@ -106,6 +106,7 @@ HOST_TOOLS = ("vllm",)  # installed on the host itself (outside containers) wher
 SIM_SOURCE = Path(__file__).parent / "sim" / "tools.py"
 VLLM_SOURCE = Path(__file__).parent / "sim" / "vllm.py"
 ENGINE_SOURCE = Path(__file__).parent / "sim" / "engine.py"  # the real engine inside the GPU layer
+ENGINE_SITE_SOURCE = Path(__file__).parent / "sim" / "engine_site.py"  # the real engine's sitecustomize
 ENGINES = ("vllm", "stand-in")
 DEFAULT_ENGINE = "vllm"
 MODEL_KINDS = ("dense", "moe")  # the lab's real models (tinymodel.py): dense for every layout, moe for dp_ep
@@ -698,6 +699,8 @@ def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200", engine: s
     os.chmod(image / "bin" / "litellm", 0o755)
     (image / "lib" / "lmcache_client.py").write_text(LMCACHE_CLIENT_SOURCE.read_text())
     (image / "lib" / "nixl_sim.py").write_text(NIXL_SOURCE.read_text())
+    (image / "engine-site").mkdir(exist_ok=True)
+    (image / "engine-site" / "sitecustomize.py").write_text(ENGINE_SITE_SOURCE.read_text())
     # the real vLLM router (the router image's program); its own venv, nothing of the image's site dir
     (image / "bin" / "vllm-router").write_text(
         f"#!/bin/sh\nunset PYTHONPATH\nexec {components.program('vllm-router')} \"$@\"\n")

@@ -24,6 +24,9 @@ even under --enforce-eager), 20 s on two cores; in a container's own /tmp every 
 Beside it, one `modelinfos` for the lab's engines: without its entry for the model's class, a start
 inspects the class in a process of its own that imports vLLM again (15-18 s before `Resolved
 architecture` on two cores, against 3 s with it), and every freshly made lab host had none.
+And NIXL's progress thread waits for UCX's events instead of polling without pause (the engine's
+sitecustomize, sim/engine_site.py): NIXL's Python API pins its poll delay at 0, and a pd pair took both
+cores for as long as it lived.
 Standard library only.
 """
 
@@ -62,7 +65,8 @@ def real_vllm():
 
 def engine_env():
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)  # the image's site dir (its nvidia.nccl) is not the engine venv's
+    # the image's site dir (its nvidia.nccl) is not the engine venv's; the lab's sitecustomize is (engine_site.py)
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(HERE), "engine-site")
     for k, v in CPU_DEFAULTS.items():
         env.setdefault(k, v)
     venv = os.path.dirname(os.path.dirname(real_vllm()))
