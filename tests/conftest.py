@@ -44,7 +44,7 @@ def pytest_configure(config):
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
         os.environ.pop("COLUMNS", None)
-        # each worker of the lab stage has a lab of its own (railyard_lab.INSTANCES: three at most); the
+        # each worker of the lab and real stages has a lab of its own (railyard_lab.INSTANCES: three at most); the
         # variable is set before any test module imports railyard_lab, and every `inv` a test runs inherits it
         os.environ["RAILYARD_LAB_INSTANCE"] = worker.removeprefix("gw")
 

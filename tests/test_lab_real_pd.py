@@ -68,11 +68,10 @@ def test_each_engines_nixl_progress_thread_sleeps_between_ucx_events(pd):
     as long as it lived. In the lab each engine worker's progress thread waits in poll() on its workers'
     event fds with a 1 ms timeout. Read from /proc: poll is syscall 7 on x86-64, its third argument the
     timeout in ms; a thread that spins is seen running, never waiting there."""
-    script = ("me=$(readlink /proc/self/ns/net); for i in 1 2 3 4 5 6 7 8 9 10; do "
-              "for d in /proc/[0-9]*; do [ \"$(readlink $d/ns/net 2>/dev/null)\" = \"$me\" ] || continue; "
-              "case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in VLLM::Worker*) "
-              "for t in $d/task/*; do echo \"${d#/proc/} $(cat $t/syscall 2>/dev/null)\"; done;; esac; done; "
-              "sleep 0.1; done")
+    script = ("pids=; for d in /proc/[0-9]*; do [ $d/ns/net -ef /proc/self/ns/net ] || continue; "
+              "c=; read -r -d '' c < $d/cmdline; case \"$c\" in VLLM::Worker*) pids=\"$pids ${d#/proc/}\";; esac; done; "
+              "for i in 1 2 3 4 5 6 7 8 9 10; do for p in $pids; do for t in /proc/$p/task/*; do "
+              "read -r s < $t/syscall && echo \"$p $s\"; done; done; sleep 0.1; done")
     for host in ("A", "B"):
         lines = [ln.split() for ln in on(host, script).stdout.splitlines()]
         workers = {ln[0] for ln in lines}
