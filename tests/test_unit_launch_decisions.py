@@ -102,12 +102,25 @@ def test_the_live_table_shows_every_service_and_ends_on_each_ones_phase():
     hosts = station_hosts(inv, plan, facts, [])
     con = Console(record=True, width=200, file=io.StringIO(), force_terminal=False)
     with runner_for(inv, hosts) as runner:
-        rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 60, False, live_table(con))
+        rep = ops.apply(plan, runner, current(plan), "~/models/m", False, 60, False, live_table(con, "launch"))
     assert rep.ok, rep.failure
     last = con.export_text().split("launch\n")[-1]
     rows = [ln.split("│")[1:6] for ln in last.splitlines() if ln.count("│") >= 6]
     assert [(r[0].strip(), r[1].strip(), r[3].strip()) for r in rows] == [("1", "B", "ready"), ("0", "A", "ready")]
-    assert "/health" in rows[1][4] and live_table(None) is None
+    assert "/health" in rows[1][4] and live_table(None, "launch") is None
+
+
+def test_the_live_table_is_titled_by_the_task_that_waits():
+    """recover and start draw the executor's table too: its title names them, not launch."""
+    import io
+
+    from rich.console import Console
+
+    from railyard.cli import live_table
+    con = Console(record=True, width=200, file=io.StringIO(), force_terminal=False)
+    with live_table(con, "recover")([]):
+        pass
+    assert con.export_text().splitlines()[0].strip() == "recover"
 
 
 # ---------------------------------------------------------------- multinode_tp (the two stations)

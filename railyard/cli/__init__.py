@@ -225,16 +225,18 @@ def rtask(*, help: dict | None = None, numbers: dict | None = None, iterable=(),
 
 
 class LiveTable:
-    """Every service while launch, start or recover waits (the executor's `show`): one row each, rank,
-    host, service, phase and detail, redrawn on each change; nothing when there is no console."""
+    """Every service while launch, start, bench or recover waits (the executor's `show`), under the task's
+    name: one row each, rank, host, service, phase and detail, redrawn on each change; nothing when there
+    is no console."""
 
-    def __init__(self, console, states: list) -> None:
+    def __init__(self, console, title: str, states: list) -> None:
         self.console = console
+        self.title = title
         self.states = states
         self.live: Live | None = None
 
     def table(self) -> Table:
-        t = Table(title="launch", title_justify="left")
+        t = Table(title=self.title, title_justify="left")
         for c in ("rank", "host", "service", "phase", "detail"):
             t.add_column(c, overflow="fold")
         for st in self.states:
@@ -261,6 +263,6 @@ class LiveTable:
             self.console.print()
 
 
-def live_table(console):
-    """The executor's `show` for this console (None: nothing shown)."""
-    return functools.partial(LiveTable, console) if console is not None else None
+def live_table(console, title: str):
+    """The executor's `show` for this console, titled by the task that waits (None: nothing shown)."""
+    return functools.partial(LiveTable, console, title) if console is not None else None

@@ -169,7 +169,7 @@ def bench(inventory=None, concurrency=None, isl=None, osl=None, isl_stddev=0, os
                    sweep=swept, compare=load_compare(compare) if compare else None,
                    out=Path(out or "bench"), tokenizer=tokenizer, start_timeout=timeout, where=where)
     err = console(stderr=True)
-    summary = run(inv, opts, set_, live_table(err) if not json else None, log=lambda m: err.print(m, style="dim",
+    summary = run(inv, opts, set_, live_table(err, "bench") if not json else None, log=lambda m: err.print(m, style="dim",
                                                                                       highlight=False))
     rep = report(summary, require)
     if json:

@@ -90,7 +90,7 @@ def launch(inventory=None, rank_order=None, dry_run=False, recreate=False, timeo
     from ..verbs.serve import launch as run
     inv = load(inventory, set_)
     con = console(stderr=json)  # --json: the live table on stderr, the one document on stdout
-    rep = run(inv, rank_order, dry_run, recreate, timeout, rollback, live_table(con))
+    rep = run(inv, rank_order, dry_run, recreate, timeout, rollback, live_table(con, "launch"))
     if json:
         from ..verbs.serve import launch_report
         return launch_report(rep, dry_run).print_json()
@@ -151,7 +151,7 @@ def start(inventory=None, rank_order=None, timeout=None, set_=None):
     from ..verbs.serve import start as run
     inv = load(inventory, set_)
     con = console()
-    return _print_launch(run(inv, rank_order, timeout, live_table(con)), con, "start")
+    return _print_launch(run(inv, rank_order, timeout, live_table(con, "start")), con, "start")
 
 
 @rtask()

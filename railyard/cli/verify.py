@@ -179,7 +179,7 @@ def recover(inventory=None, replica=None, dry_run=False, timeout=None, drain_tim
     from ..verbs.recover import recover as run
     con = console()
     plan, rec = run(load(inventory, set_), replica, dry_run, timeout, 300.0 if drain_timeout is None else drain_timeout,
-                    None if json else live_table(con))
+                    None if json else live_table(con, "recover"))
     if json:
         return rec.as_report(plan, dry_run).print_json()
     con.print(Text(f"recover ({plan.deployment}): {rec.describe()}", style="bold"))
