@@ -198,15 +198,17 @@ def on(host: str, *argv: str) -> subprocess.CompletedProcess:
                               text=True, timeout=60)
 
 
+# a shell loop over the processes of the lab host it runs on: the hosts share this machine's PID space, so
+# only the processes in the host's own network namespace are its own; $d is /proc/PID, $c its command line
+HOST_PROCESSES = ("for d in /proc/[0-9]*; do [ $d/ns/net -ef /proc/self/ns/net ] || continue; "
+                  "c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); ")
+
+
 def processes_of(host: str, needle: str) -> list[str]:
-    """The command lines on a lab host that contain needle: the hosts share this machine's PID space, so
-    only the processes in the host's own network namespace are its own."""
+    """The command lines on a lab host that contain needle."""
     import shlex
-    script = ("me=$(readlink /proc/self/ns/net); for d in /proc/[0-9]*; do "
-              "[ \"$(readlink $d/ns/net 2>/dev/null)\" = \"$me\" ] || continue; "
-              "c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); case \"$c\" in *" + shlex.quote(needle) + "*) echo \"$c\";; esac; "
-              "done")
-    return [ln for ln in on(host, script).stdout.splitlines() if "readlink /proc/self/ns/net" not in ln]  # not itself
+    script = HOST_PROCESSES + "case \"$c\" in *" + shlex.quote(needle) + "*) echo \"$c\";; esac; done"
+    return [ln for ln in on(host, script).stdout.splitlines() if HOST_PROCESSES not in ln]  # not itself
 
 
 def remove_containers(*names: str, hosts=("A", "B")) -> None:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from .conftest import REAL_LIMIT_S, inv_cmd, on, real_lab
+from .conftest import HOST_PROCESSES, REAL_LIMIT_S, inv_cmd, on, real_lab
 
 # bin/test's real stage; the module's bring-up counts in its first test's limit (launch's own: 420 s)
 pytestmark = [pytest.mark.lab, pytest.mark.real, pytest.mark.timeout(REAL_LIMIT_S)]
@@ -68,8 +68,7 @@ def test_each_engines_nixl_progress_thread_sleeps_between_ucx_events(pd):
     as long as it lived. In the lab each engine worker's progress thread waits in poll() on its workers'
     event fds with a 1 ms timeout. Read from /proc: poll is syscall 7 on x86-64, its third argument the
     timeout in ms; a thread that spins is seen running, never waiting there."""
-    script = ("pids=; for d in /proc/[0-9]*; do [ $d/ns/net -ef /proc/self/ns/net ] || continue; "
-              "c=; read -r -d '' c < $d/cmdline; case \"$c\" in VLLM::Worker*) pids=\"$pids ${d#/proc/}\";; esac; done; "
+    script = ("pids=; " + HOST_PROCESSES + "case \"$c\" in VLLM::Worker*) pids=\"$pids ${d#/proc/}\";; esac; done; "
               "for i in 1 2 3 4 5 6 7 8 9 10; do for p in $pids; do for t in /proc/$p/task/*; do "
               "read -r s < $t/syscall && echo \"$p $s\"; done; done; sleep 0.1; done")
     for host in ("A", "B"):
