@@ -1090,12 +1090,21 @@ def _state_of(name):
     except (OSError, ValueError):
         st = {"Status": "created", "Running": False, "Pid": 0, "ExitCode": 0,
               "StartedAt": "0001-01-01T00:00:00Z", "FinishedAt": "0001-01-01T00:00:00Z"}
-    if st.get("Running") and not _alive(st.get("Pid", 0)):
-        # the shim died without writing the exit: report it like a killed container
+    if st.get("Running") and not _alive(st.get("Pid", 0)) and not _shim_alive(st.get("ShimPid")):
+        # the shim died without writing the exit: report it like a killed container (while the shim lives,
+        # it is tearing the container down and writes the exit when every process of it is gone)
         st.update(Status="exited", Running=False, Pid=0, ExitCode=137, FinishedAt=_now())
     base = {"Paused": False, "Restarting": False, "OOMKilled": False, "Dead": False, "Error": ""}
     base.update(st)
     return base
+
+
+def _shim_alive(pid):
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+            return b"\0__shim\0" in f.read() and _alive(pid)
+    except (OSError, TypeError, ValueError):
+        return False
 
 
 def _write_state(name, **kw):
@@ -1538,6 +1547,65 @@ def _fixed_time(stamp):
     return f"{head}.{(frac + '000000000')[:9]}Z"
 
 
+def _subreaper():
+    """Make this process its descendants' reaper (prctl PR_SET_CHILD_SUBREAPER): an orphan of the container
+    (a server's engine core once the server has died) stays under the shim, as it stays in the container's
+    PID namespace under docker."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _descendants(root):
+    """Every live process under `root`, by one walk of /proc (this kernel has no /proc/PID/task/TID/children)."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def _reap_all():
+    """Reap every child that has exited (orphans the shim inherited); never blocks."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _teardown():
+    """What the kernel does when a container's first process exits (its PID namespace is torn down):
+    SIGKILL to every other process of the container, here every descendant of the shim, until none is left."""
+    import signal as _signal
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = _descendants(os.getpid())
+        for pid in left:
+            try:
+                os.kill(pid, _signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap_all()
+        if not left:
+            return
+        time.sleep(0.02)
+
+
 def _shim(name):
     import threading
     cfg = _load(name)
@@ -1547,6 +1615,7 @@ def _shim(name):
     def child_setup():
         _apply_limits(limits)
 
+    _subreaper()
     proc = subprocess.Popen(_private_tmp(name, _argv(cfg)), env=_container_env(cfg), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             cwd=os.path.join(_cdir(name), "rootfs"), preexec_fn=child_setup)
@@ -1566,17 +1635,26 @@ def _shim(name):
             pass
 
     _signal.signal(_signal.SIGTERM, forward)
-    rc = proc.wait()
-    drained = time.monotonic() + 1
-    for t in pumps:  # what the process wrote before it exited is in the log before the exit is recorded
+    while True:  # the container's first process, and the orphans it leaves to the shim while it runs
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            status = 255 << 8
+            break
+        if pid == proc.pid:
+            break
+    rc = proc.returncode = os.waitstatus_to_exitcode(status)
+    _teardown()  # the rest of the container goes with its first process, before its exit is recorded
+    drained = time.monotonic() + 2
+    for t in pumps:  # what the processes wrote before they died is in the log before the exit is recorded
         t.join(timeout=max(0.0, drained - time.monotonic()))
     code = rc if rc >= 0 else 128 - rc
     if _state_of(name).get("ShimPid") == os.getpid():  # never over a later start's state
         _write_state(name, Status="exited", Running=False, Pid=0, ExitCode=code, FinishedAt=_now())
     if cfg["HostConfig"].get("AutoRemove"):
         _remove(name)
-    for t in pumps:  # a process the command left behind may still write (no PID namespace here)
-        t.join()
+    for t in pumps:  # a process given the pipes by other means (none a container can have) ends it
+        t.join(timeout=5)
     os.close(fd)
     return 0
 
@@ -1806,16 +1884,37 @@ def _stop(args):
             while time.time() < deadline and _state_of(n).get("Running"):
                 time.sleep(0.05)
             if _state_of(n).get("Running"):
-                try:
-                    os.killpg(os.getpgid(st["Pid"]), _signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                _sigkill(st)
                 for _ in range(100):
                     if not _state_of(n).get("Running"):
                         break
                     time.sleep(0.05)
         print(n)
     return rc
+
+
+def _sigkill(st):
+    """SIGKILL to a running container's first process: its shim kills the rest and records the exit (137), as
+    the kernel and docker do. A shim that is gone already (killed with it) cannot: then its process group and
+    what lives under the first process are killed here."""
+    import signal as _signal
+    pid, shim = st["Pid"], st.get("ShimPid")
+    if _shim_alive(shim):
+        try:
+            os.kill(pid, _signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+    left = _descendants(pid) if _alive(pid) else []
+    try:
+        os.killpg(os.getpgid(pid), _signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in left:
+        try:
+            os.kill(p, _signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _kill(args):
@@ -1854,8 +1953,8 @@ def _kill(args):
             rc = 1
             continue
         try:
-            if sig == _signal.SIGKILL:  # the whole container goes, its shim with it (exit 137)
-                os.killpg(os.getpgid(st["Pid"]), sig)
+            if sig == _signal.SIGKILL:  # the whole container goes (exit 137)
+                _sigkill(st)
             else:
                 os.kill(st["Pid"], sig)
         except (ProcessLookupError, PermissionError):
