@@ -27,6 +27,7 @@ from ..facts.host import HostFacts, gather
 from ..plan.spec import LaunchPlan
 from ..transport import cmd
 from ..report import NO_HOST, Report
+from .sync import checkpoint_differs
 
 
 def build_plan(inv: Inventory, runner: Runner | None, order: str | None = None, strict: bool = True) -> LaunchPlan:
@@ -84,6 +85,11 @@ def launch(inv: Inventory, rank_order: str | None, dry_run: bool, recreate: bool
                 rep.hint = f"note: the env files are not current on {', '.join(stale)} (run `inv env`)"
             return rep
         with locked(inv, runner, "inv launch"):
+            # the same checkpoint by content on every host that mounts it, before anything starts
+            differs = checkpoint_differs(inv, runner, plan)
+            if differs:
+                raise LaunchError(f"the checkpoint differs between hosts: {differs}: nothing started "
+                                  "(inv sync-model --repair re-sends what differs)")
             rep = ops.apply(plan, runner, files, inv.head.vars["model_path"], recreate, timeout, rollback, show)
             if not rep.noop:
                 keep_timeline(inv, plan, runner, rep)

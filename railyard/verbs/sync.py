@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .. import checks as C
 from ..checks import FAIL, PASS, SKIP, CheckResult
@@ -34,6 +34,9 @@ from ..facts.probe import joined_script, new_token, split_output
 from ..transport.runner import Runner
 from ..transport import RemotePath, Session, Sh, cmd, q, quote_text
 from ..report import Report
+
+if TYPE_CHECKING:
+    from ..plan.spec import LaunchPlan
 
 MANIFEST_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "manifest.py"
 EXCLUDE = ".cache/"
@@ -672,6 +675,54 @@ def _repair(runner, rep, source, targets, v, opts, view) -> None:
             prev.errors += c.errors
         else:
             rep.copies[name] = c
+
+
+# ---------------------------------------------------------------- before a start: the same checkpoint everywhere
+
+def checkpoint_differs(inv: Inventory, runner: Runner, plan: "LaunchPlan") -> str:
+    """'' when every host of the plan whose services mount the checkpoint holds the first such host's (by rank)
+    checkpoint by content (sha256 of every file, as `inv sync-model --verify content` proves it), else one
+    line naming the host and the file. One session per host, the hosts in parallel; each host's digest
+    cache (scripts/manifest.py) makes an unchanged tree a stat pass, and a file rewritten with its size and
+    mtime put back is hashed again (its ctime moved). What this proves is equality with the first host's
+    copy, not that copy's correctness; and what changes no stat field at all (bits rotting under the
+    filesystem, a tampered digest cache) is not seen without `inv sync-model --rehash`."""
+    names = dict.fromkeys(s.host for s in plan.by_rank() if any(m.kind == "model" for m in s.spec.mounts))
+    hosts = [inv.host(n) for n in names]   # the first by rank is the reference (the head of two stations)
+    if len(hosts) < 2:
+        return ""
+    got = runner.each(lambda s: read_manifest(s, s.host.vars["model_path"], "content", False,
+                                              s.host.vars["sync_timeout_s"]), hosts)
+    found = [got.ok[h.name] if h.name in got.ok else Manifest(h.name, False, {}, error=str(got.failed[h.name].error))
+             for h in hosts]
+    return judge_checkpoints(found, {h.name: str(h.vars["model_path"]) for h in hosts})
+
+
+def judge_checkpoints(found: list[Manifest], paths: dict[str, str]) -> str:
+    """checkpoint_differs' judgement of content manifests, the first the reference. Pure."""
+    first = found[0]
+    out = []
+    for m in found:
+        if m.error:
+            out.append(f"{m.host}: checkpoint not read: {m.error}")
+        elif not m.exists or not m.files:
+            out.append(f"{m.host}: no checkpoint at {paths.get(m.host, '?')}")
+        elif m is not first and not (first.error or not first.exists or not first.files):
+            d = diff(first, m, "content")
+            if d:
+                out.append(f"{m.host}: " + _differs(d[0], first.host) + (f" (and {len(d) - 1} more file(s))"
+                                                                         if len(d) > 1 else ""))
+    return "; ".join(out)
+
+
+def _differs(d: Difference, first: str) -> str:
+    if d.kind == "missing":
+        return f"{d.path} is missing ({first} has it)"
+    if d.kind == "extra":
+        return f"{d.path} is not in {first}'s checkpoint"
+    if d.kind == "size":
+        return f"{d.path} is {d.target} bytes, {d.source} on {first}"
+    return f"{d.path} differs by content from {first}'s (sha256 {str(d.target)[:12]}, {first}'s {str(d.source)[:12]})"
 
 
 # ---------------------------------------------------------------- reporting
