@@ -295,6 +295,95 @@ def _engine_hang_heal(h, value):
     _remove(h, "engine-hang")
 
 
+# engine-stall: the signal the engines' processes park a rank on, and the one that lets it go (their handlers:
+# sim/engine_site.py in the real engine, sim/vllm.py's spawn in the stand-in)
+STALL_SIGNAL = signal.SIGUSR2
+RELEASE_SIGNAL = signal.SIGCONT
+RANK_RE = re.compile(r"(?:DP|PP|TP|EP)\d+(?:_(?:DP|PP|TP|EP)\d+)*")
+
+
+def _title_of(h: LabHost, pid: int) -> str:
+    """A vLLM process's title: its command line (setproctitle), or the title the stand-in holds its GPU under
+    (its command line is python's; /proc/PID/comm keeps 15 characters), or its comm."""
+    try:
+        first = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
+        if first.startswith("VLLM::"):
+            return first
+        for f in (h.dir / "gpu-held").glob(f"{pid}.*.json"):
+            return json.loads(f.read_text())["name"]
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except (OSError, ValueError, KeyError):
+        return ""
+
+
+def _catches(pid: int, sig: int) -> bool:
+    try:
+        caught = re.search(r"^SigCgt:\s+([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1)
+    except (OSError, AttributeError):
+        return False
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
+def _stall_target(h: LabHost, value: str | None) -> tuple[int, str]:
+    """The one engine rank engine-stall parks: VALUE is [SERVICE][:RANK]; SERVICE as engine-hang takes it,
+    RANK the parts of a vLLM title (TP1, DP2, DP1_TP0): the worker whose title has them all, else that DP
+    rank's engine core. No RANK: the highest-ranked worker of the first such container (by name), or its
+    engine core where the engine has no workers (one GPU)."""
+    service, _, rank = (value or "").rpartition(":") if ":" in (value or "") else (value or "", "", "")
+    if not rank and service and RANK_RE.fullmatch(service):
+        service, rank = "", service
+    if rank and not RANK_RE.fullmatch(rank):
+        raise UsageError(f"lab.fault engine-stall: {rank!r} is no rank (TP1, DP2, DP1_TP0 ...)")
+    found = []
+    for pid in _engine_processes(h, service or None):
+        title = _title_of(h, pid)
+        kind, _, parts = title.removeprefix("VLLM::").partition("_")
+        if kind not in ("Worker", "EngineCore") or (rank and not set(rank.split("_")) <= set(parts.split("_"))):
+            continue
+        found.append((_container_of(str(pid)), kind != "Worker", [-int(x) for x in re.findall(r"\d+", parts)],
+                      pid, title))
+    if not found:
+        raise UsageError(f"lab.fault engine-stall: no engine worker on {h.name}"
+                         + (f" in a container named {service!r} or ending in -{service}" if service else "")
+                         + (f" with {rank} in its title" if rank else ""))
+    first = min(f[0] for f in found)
+    _, _, _, pid, title = min(f for f in found if f[0] == first)
+    return pid, title
+
+
+def _engine_stall(h, value):
+    """Park one engine rank (STALL_SIGNAL to it): it stops joining its group's collectives while every process
+    keeps running; its peers and its engine core wait for it for real."""
+    pid, title = _stall_target(h, value)
+    if not _catches(pid, STALL_SIGNAL):  # the default action would kill it: a lab made before engine-stall
+        raise UsageError(f"lab.fault engine-stall: {title} (pid {pid}) on {h.name} has no stall handler: the "
+                         "lab's engine image predates it (run `inv lab.up` again, then launch)")
+    os.kill(pid, STALL_SIGNAL)
+    _write(h, "engine-stall", json.dumps({"pid": pid, "start": _start_of(pid), "title": title}))
+    return f"{title} (pid {pid})"
+
+
+def _start_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _engine_stall_heal(h, value):
+    try:
+        info = json.loads((h.state / "engine-stall").read_text())
+    except (OSError, ValueError):
+        info = {}
+    pid = info.get("pid")
+    if pid and _start_of(pid) == info.get("start"):  # the same process, still there: let it go on
+        try:
+            os.kill(pid, RELEASE_SIGNAL)
+        except ProcessLookupError:
+            pass
+    _remove(h, "engine-stall")
+
+
 def _engine_crash(h, value):
     """A crash loop: a watcher kills (SIGKILL) every process of the host's engine containers, or of SERVICE's,
     whenever they appear, as the kernel's OOM killer or a segfault ends an engine: the container exits
@@ -561,6 +650,12 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "link-down": (_link_down, _link_heal, "take the serving rail's link down"),
     "engine-hang": (_engine_hang, _engine_hang_heal, "stop (SIGSTOP) the engine processes of the host's containers, "
                     "or of container SERVICE: alive, holding their GPUs, their API still up, making no progress"),
+    "engine-stall": (_engine_stall, _engine_stall_heal, "one engine rank of the host's containers, or of container "
+                     "SERVICE, stops joining its collectives while every process keeps running (state S or R, "
+                     "never T): --value [SERVICE][:RANK], RANK as in the worker's title (TP1, DP2); by default "
+                     "the highest-ranked worker. Its peers wait in the collective, the engine core waits for it, "
+                     "/health answers 200, requests stay running, the token counters stand still; heal lets it go "
+                     "on (the group may stay wedged: recover restarts it)"),
     "engine-crash": (_engine_crash, _engine_crash_heal, "kill every process of the host's containers, or of "
                      "SERVICE's, whenever they appear: an engine that dies on every start (a crash loop)"),
     "wrong-weights": (_wrong_weights, _wrong_weights_heal, "the checkpoint of the host's engine containers, or of "

@@ -56,3 +56,50 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _Finder())
+
+
+# ---------------------------------------------------------------- engine-stall (lab/railyard_lab/faults.py)
+# A rank that stops joining its group's collectives while its process keeps running (state S, never T):
+# `lab.fault HOST engine-stall` sends STALL_SIGNAL to one `VLLM::Worker*` process (an `VLLM::EngineCore*`
+# where the engine has no workers); its main thread parks in lab_fault_engine_stall, so its peers wait in
+# the real collective and the engine core in the real shm_broadcast / RPC wait. RELEASE_SIGNAL (the heal)
+# lets it go on. vLLM 0.32 (the lab's engine venv) installs no handler for either: it uses SIGTERM, SIGINT
+# (and SIGTSTP in `vllm chat`); SIGUSR1/SIGUSR2 appear only in torch.distributed.elastic, which vLLM does
+# not run. Every engine process imports this file at start (a worker started by fork inherits the handler).
+
+import os as _os
+import signal as _signal
+import time as _time
+
+STALL_SIGNAL = _signal.SIGUSR2
+RELEASE_SIGNAL = _signal.SIGCONT
+_stall = {"on": False}
+
+
+def _title():
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def lab_fault_engine_stall(signum, frame):
+    """lab.fault engine-stall: this engine rank's main thread sleeps here, in the middle of whatever it was
+    doing (waiting for the next broadcast, a step), until the fault is healed; the process stays runnable."""
+    if _stall["on"] or not _title().startswith(("VLLM::Worker", "VLLM::EngineCore")):
+        return
+    _stall["on"] = True
+    while _stall["on"]:
+        _time.sleep(0.5)
+
+
+def _lab_fault_engine_stall_release(signum, frame):
+    _stall["on"] = False
+
+
+try:
+    _signal.signal(STALL_SIGNAL, lab_fault_engine_stall)
+    _signal.signal(RELEASE_SIGNAL, _lab_fault_engine_stall_release)
+except ValueError:  # not the main thread of the main interpreter: no handler (never an engine's process)
+    pass

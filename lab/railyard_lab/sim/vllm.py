@@ -27,6 +27,7 @@ Standard library only.
 """
 
 import json
+import mmap
 import os
 import resource
 import signal
@@ -49,6 +50,15 @@ STAT_KEYS = ("running", "waiting", "prompt", "generation", "requests", "kv", "pr
 STATS = [dict.fromkeys(STAT_KEYS, 0)]  # one per engine (DP rank)
 STATS[0]["kv"] = 0.0
 CHILDREN = []  # engine core and worker processes this process started
+# engine-stall (lab/railyard_lab/faults.py): one byte per child above, in its order, set by the child when it
+# stops joining its engine's collectives (its main thread parked in lab_fault_engine_stall, the process in
+# state S); the same signals as the real engine's sitecustomize (sim/engine_site.py)
+STALL_SIGNAL = signal.SIGUSR2
+RELEASE_SIGNAL = signal.SIGCONT
+STALLED = mmap.mmap(-1, 4096)   # anonymous and shared: the children write it after the fork
+SLOT_OF = {}                    # child pid -> its byte
+ENGINES = []                    # this node's engines (their core's and workers' pids), by DP rank order
+REMOTE_STALLED = threading.Event()  # a rank of this node's TP group on another node stalled (multinode)
 
 
 def log(msg, level="INFO", where="api_server.py:1", who="APIServer", pid=None):
@@ -284,6 +294,8 @@ def spawn(name, gpu=None, mib=0):
     """A child process titled VLLM::<name> (vLLM's set_process_title), holding `mib` MiB on `gpu` while
     it lives; it ends with its parent or on SIGTERM, releasing the GPU."""
     parent = os.getpid()
+    slot = len(CHILDREN)
+    STALLED[slot] = 0
     r, w = os.pipe()
     pid = os.fork()
     if pid:
@@ -291,6 +303,7 @@ def spawn(name, gpu=None, mib=0):
         os.read(r, 1)  # until it holds its GPU
         os.close(r)
         CHILDREN.append(pid)
+        SLOT_OF[pid] = slot
         return pid
     os.close(r)
     _pdeathsig()
@@ -309,6 +322,24 @@ def spawn(name, gpu=None, mib=0):
 
     signal.signal(signal.SIGTERM, bye)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C goes to the whole group: the parent stops us
+    stall = {"on": False}
+
+    def lab_fault_engine_stall(*_):
+        """lab.fault engine-stall: this rank stops joining its engine's collectives; its main thread sleeps
+        here until the fault is healed, the process runnable (state S), as in the real engine's processes."""
+        if stall["on"]:
+            return
+        stall["on"] = True
+        STALLED[slot] = 1
+        while stall["on"]:
+            time.sleep(0.5)
+        STALLED[slot] = 0
+
+    def release(*_):
+        stall["on"] = False
+
+    signal.signal(STALL_SIGNAL, lab_fault_engine_stall)
+    signal.signal(RELEASE_SIGNAL, release)
     try:
         with open("/proc/self/comm", "w") as f:
             f.write(f"VLLM::{name}"[:15])
@@ -334,6 +365,40 @@ def engine_stopped():
         except OSError:
             pass
     return False
+
+
+def rank_stalled(dp):
+    """Whether DP rank dp's engine waits on a stalled rank (engine-stall): its core or one of its workers on
+    this node, or, for a TP group across nodes, a worker on another node (REMOTE_STALLED)."""
+    if REMOTE_STALLED.is_set():
+        return True
+    for e in ENGINES:
+        if e["dp_rank"] == dp:
+            pids = [e["pid"]] + [p for _, p in e["workers"]]
+            return any(STALLED[SLOT_OF[p]] for p in pids if p in SLOT_OF)
+    return False
+
+
+def wait_unstalled(dp):
+    """A step of DP rank dp's engine: it waits, without end, for a stalled rank of its group; the request stays
+    running and no token is counted meanwhile (vLLM: the peers sit in the collective, the core in its wait)."""
+    while rank_stalled(dp):
+        time.sleep(0.2)
+
+
+def watch_own_stall(sock, stop):
+    """A headless node of a TP group across nodes: while one of its workers is stalled, the head's engine waits
+    on it (one byte over the rendezvous connection: S when one stalls, R when none is any more)."""
+    was = False
+    while not stop.is_set():
+        now = any(STALLED[SLOT_OF[p]] for p in CHILDREN if p in SLOT_OF)
+        if now != was:
+            try:
+                sock.sendall(b"S" if now else b"R")
+            except OSError:
+                return
+            was = now
+        stop.wait(0.5)
 
 
 def stop_children():
@@ -1002,6 +1067,7 @@ def make_handler(args, served, key):
             st["running"] += 1
             streamed = False
             try:
+                wait_unstalled(dp)
                 try:
                     out_params, finish, sample = (DP_LINK.call if dp in DP_LINK.remote else engine_step)(
                         args, dp, rid, ids, ktp, st, finish)
@@ -1013,10 +1079,11 @@ def make_handler(args, served, key):
                          "completion_tokens": len(words), "prompt_tokens_details": None}
                 if req.get("stream"):  # each token sent when its decode step is done, as vLLM streams
                     streamed = True
-                    self._stream(rid, served, words, finish, usage, st, req)
+                    self._stream(rid, served, words, finish, usage, st, req, dp)
                 else:
                     for _ in words:
                         time.sleep(decode_step(st))
+                        wait_unstalled(dp)
             except (BrokenPipeError, ConnectionResetError):
                 return None
             finally:
@@ -1036,7 +1103,7 @@ def make_handler(args, served, key):
                              "logprobs": None, "finish_reason": finish, "stop_reason": None}],
                 "usage": usage, "prompt_logprobs": None, "kv_transfer_params": out_params}))
 
-        def _stream(self, rid, served, words, finish, usage, st, req):
+        def _stream(self, rid, served, words, finish, usage, st, req, dp=0):
             self.send_response(200)
             self.send_header("content-type", "text/event-stream; charset=utf-8")
             self.send_header("transfer-encoding", "chunked")
@@ -1053,6 +1120,7 @@ def make_handler(args, served, key):
             for i, wd in enumerate(words):
                 if i:
                     time.sleep(decode_step(st))
+                    wait_unstalled(dp)
                 chunk(json.dumps(dict(base, choices=[{"index": 0, "delta": {"content": wd}, "logprobs": None,
                                                        "finish_reason": None}])))
             chunk(json.dumps(dict(base, choices=[{"index": 0, "delta": {"content": ""}, "logprobs": None,
@@ -1092,6 +1160,7 @@ def engine_step(args, dp, rid, ids, ktp, st, finish):
     instance's request ends there with the kv_transfer_params for the decode side.
     Returns (kv_transfer_params, finish_reason, the NIXL transfer's sample or None)."""
     params, sample = None, None
+    wait_unstalled(dp)  # a headless DP node's rank too: its answer to the head waits
     if NIXL and ktp and ktp.get("do_remote_prefill") and ktp.get("remote_block_ids"):
         try:
             got, sample = NIXL[0].pull(dp, rid, ktp)
@@ -1370,6 +1439,7 @@ def main(argv):
             if uniproc:
                 e["pid"] = pid
             e["workers"].append((name, pid))
+    ENGINES[:] = engines
     transport = nccl_log(rank, nnodes, peer_ip)
     if transport:
         print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [pynccl.py:70] vLLM is using nccl=={NCCL_VERSION.split('+')[0]}",
@@ -1380,6 +1450,7 @@ def main(argv):
                 who=name, pid=pid)
     if rank != 0:
         # a headless worker serves no API; it lives as long as the head does
+        threading.Thread(target=watch_own_stall, args=(sock, stop), daemon=True).start()
         while f.readline():
             pass
         print(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [multiproc_executor.py:240] The head closed the "
@@ -1418,8 +1489,15 @@ def main(argv):
     def watch_peers():
         for c in peer_sockets:
             try:
-                c.recv(1)  # returns when the worker goes away
-            except OSError:
+                while True:  # a worker there stalled (engine-stall): the group's steps wait on it until R
+                    b = c.recv(1)
+                    if b == b"S":
+                        REMOTE_STALLED.set()
+                    elif b == b"R":
+                        REMOTE_STALLED.clear()
+                    else:
+                        break
+            except OSError:               # otherwise it returns when the worker goes away
                 pass
             if not stop.is_set():
                 print(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [multiproc_executor.py:150] A worker process died; "
