@@ -349,3 +349,16 @@ def test_railyard_brings_its_own_py_spy_where_the_host_has_none(monkeypatch, tmp
     spy, note = H._provision(FakeSession(inv.host("B")), "~/.cache/railyard/serve", "aarch64", "", "")
     assert spy is None and note == ("py-spy: none on the host, and railyard's is for x86_64, the host is aarch64: "
                                     "gdb only (install py-spy for aarch64 on the host)")
+
+
+# ---------------------------------------------------------------- the flight recorder's opt-in
+
+
+def test_the_flight_recorder_is_rendered_on_only_where_asked():
+    _, plan, _ = station_plan()
+    assert not any(k.startswith("TORCH_FR_") for svc in plan.services() for k, _ in svc.spec.env)
+    _, plan, _ = station_plan("vllm_flight_recorder=true", "vllm_extra_env={TORCH_FR_BUFFER_SIZE: '500'}")
+    for svc in plan.services():
+        env = dict(svc.spec.env)
+        assert (env["TORCH_FR_BUFFER_SIZE"], env["TORCH_NCCL_DUMP_ON_TIMEOUT"]) == ("500", "1")   # extra_env overrides
+        assert H.flight_recorder_prefix(env) == "/tmp/railyard_fr_rank_"

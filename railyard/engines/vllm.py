@@ -39,6 +39,12 @@ NCCL_ENV = (
     ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1"), ("FLASHINFER_DISABLE_VERSION_CHECK", "1"),
 )
 
+# PyTorch's flight recorder, where vllm_flight_recorder is true (vllm_extra_env still overrides each): the last
+# 2000 collectives of each process group, dumped on a collective's timeout, read by `inv hang-dump`. vLLM's TP
+# all-reduce mostly runs through its own PyNccl, which the recorder does not see.
+FLIGHT_RECORDER_ENV = (("TORCH_FR_BUFFER_SIZE", "2000"), ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+                       ("TORCH_FR_DUMP_TEMP_FILE", "/tmp/railyard_fr_rank_"))
+
 # What a service with a KV connector (NIXL, LMCache) leaves out of NCCL_ENV: vLLM 0.32 refuses
 # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True beside any KV connector ("KV connector NixlConnector
 # is incompatible with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ...", vllm/config/vllm.py):
@@ -153,7 +159,8 @@ class VllmConfig:
             tool_call_parser=v["vllm_tool_call_parser"], reasoning_parser=v["vllm_reasoning_parser"],
             async_scheduling=bool(v["vllm_async_scheduling"]),
             flags=tuple(str(a) for a in v["vllm_flags"]), extra_args=tuple(str(a) for a in v["vllm_extra_args"]),
-            extra_env=tuple((str(k), str(x)) for k, x in v["vllm_extra_env"].items()),
+            extra_env=(FLIGHT_RECORDER_ENV if v.get("vllm_flight_recorder") else ())
+            + tuple((str(k), str(x)) for k, x in v["vllm_extra_env"].items()),
             shm_size=v["vllm_shm_size"], cpuset=v["vllm_cpuset"] or "", env_file=v["vllm_env_file"],
             api_key_file=v["vllm_api_key_file"], start_timeout_s=float(v["vllm_start_timeout_s"]))
 
