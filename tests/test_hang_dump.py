@@ -362,3 +362,47 @@ def test_the_flight_recorder_is_rendered_on_only_where_asked():
         env = dict(svc.spec.env)
         assert (env["TORCH_FR_BUFFER_SIZE"], env["TORCH_NCCL_DUMP_ON_TIMEOUT"]) == ("500", "1")   # extra_env overrides
         assert H.flight_recorder_prefix(env) == "/tmp/railyard_fr_rank_"
+
+
+# ---------------------------------------------------------------- kept on the first host, shown by status, collected
+
+
+def test_the_dumps_kept_are_the_newest_ten_and_status_points_to_the_newest(tmp_path):
+    """keep() and latest() run their real shell (here, in a home of the test's own)."""
+    import subprocess
+    inv, _, _ = station_plan()
+    s = FakeSession(inv.host("A"))
+    s.on(re.compile(r"."), lambda c: (lambda r: (r.returncode, r.stdout, r.stderr))(
+        subprocess.run(["sh", "-c", c], capture_output=True, text=True, env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]})))
+    assert H.latest(s, "~/.cache/railyard/serve", "glm53-full") is None
+    for i in range(12):
+        where = H.keep(s, "~/.cache/railyard/serve", "glm53-full", 1796658302 + i * 3600, '{"ok": true}\n')
+    d = tmp_path / ".cache/railyard/serve/glm53-full/hang-dumps"
+    names = sorted(p.name for p in d.iterdir())
+    assert len(names) == 10 and names[0] == "20261207T174502Z.json" and names[-1] == "20261208T024502Z.json"
+    assert where == "A:~/.cache/railyard/serve/glm53-full/hang-dumps/20261208T024502Z.json"
+    assert H.latest(s, "~/.cache/railyard/serve", "glm53-full") == where
+
+
+def test_collect_takes_the_hang_dump_only_where_a_service_is_hung(monkeypatch):
+    from railyard.verbs import collect as C
+    inv, plan, _ = station_plan()
+    monkeypatch.setattr(H, "survey", lambda inv, runner, plan: [V("A", "head", "endpoint", "ok")])
+    with Runner(inv.hosts, sessions=station_sessions(plan, inv)) as runner:
+        assert C.hang_evidence(inv, plan, runner) == (None, "nothing is hung")
+    monkeypatch.setattr(H, "survey", lambda inv, runner, plan: [V("B", "worker-1", "rank 1", "hung")])
+    with Runner(inv.hosts, sessions=station_sessions(plan, inv)) as runner:
+        doc, why = C.hang_evidence(inv, plan, runner)
+    assert why == "B/worker-1 hung" and json.loads(doc)["data"]["summary"]["outliers"][0]["members"] == [
+        "B/worker-1 pid 7201 VLLM::Worker_TP1"]
+
+
+def test_without_the_shared_verdict_hang_dump_says_so_in_one_line(monkeypatch):
+    import importlib
+    from railyard.errors import RailyardError
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}")
+    monkeypatch.setattr(importlib, "import_module", missing)
+    with pytest.raises(RailyardError, match="the shared hung verdict is not here"):
+        H.survey(None, None, None)

@@ -199,6 +199,8 @@ def show_recoveries(con, rec: dict) -> None:
                       f"{outcome}; why: {'; '.join(r.get('why', []))}", soft_wrap=True, markup=False)
     con.print("restart budget left: " + ", ".join(f"{k} {n} of {rec['budget']}" for k, n in rec["left"].items())
               + f" (in {window})")
+    if rec.get("hang_dump"):
+        con.print(f"latest hang dump: {rec['hang_dump']} (inv hang-dump takes another)", markup=False)
 
 
 @rtask(help={"rank": "host name (B), rank number (1) or service name", "follow": "keep following",

@@ -4,6 +4,8 @@
     version.txt, inventory.yml railyard's version and the inventory as given (it holds no secret)
     preflight.json             the preflight document (the same as `inv preflight --json`)
     verdicts.json              the NCCL judge on every NCCL log collected (railyard.checks.nccl.judge)
+    hang-dump.json             where the shared hung verdict says a service is hung or dead: `inv hang-dump
+                               --json`'s document (every rank's stack, NCCL RAS, the flight recorder)
     <host>/<section>.txt       per host: nvidia-smi -q, ibdev2netdev, show_gids, ip -d link,
                                ethtool -S of each rail, dmesg lines (Xid, NVRM, mlx5, link), docker ps,
                                and per service of the plan: its container's inspect, log, NCCL logs
@@ -25,6 +27,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from ..errors import RailyardError
 from ..inventory import Inventory
 from ..facts.probe import Section, joined_script, new_token, split_output
 from ..transport.runner import Runner
@@ -118,8 +121,26 @@ def _nccl_verdicts(per_host: dict[str, dict[str, str]]) -> list[dict]:
     return out
 
 
-def collect(inv: Inventory, plan: LaunchPlan | None, out: Path, preflight_doc: str | None) -> dict:
-    """Write the archive; the manifest it holds."""
+def hang_evidence(inv: Inventory, plan: LaunchPlan, runner: Runner) -> tuple[str | None, str]:
+    """hang-dump's document where the shared hung verdict says a service is hung or dead (None otherwise), and
+    one line saying which (for the manifest)."""
+    from . import hang_dump
+    try:
+        verdicts = hang_dump.survey(inv, runner, plan)
+    except RailyardError as e:
+        return None, f"the hung verdict failed: {e}"
+    bad = [f"{v.host}/{v.service} {v.state}" for v in verdicts if v.state in ("hung", "dead")]
+    if not bad:
+        return None, "nothing is hung"
+    try:
+        return hang_dump.dump(inv, plan, runner, verdicts=verdicts).json(), "; ".join(bad)
+    except RailyardError as e:
+        return None, f"{'; '.join(bad)}; the hang dump failed: {e}"
+
+
+def collect(inv: Inventory, plan: LaunchPlan | None, out: Path, preflight_doc: str | None,
+            hang: tuple[str | None, str] = (None, "")) -> dict:
+    """Write the archive; the manifest it holds. hang: hang_evidence's answer."""
     started = time.time()
     services = plan.services() if plan else []
     with Runner(inv.hosts) as runner:
@@ -135,9 +156,11 @@ def collect(inv: Inventory, plan: LaunchPlan | None, out: Path, preflight_doc: s
     if preflight_doc is not None:
         files.append(("preflight.json", preflight_doc))
     files.append(("verdicts.json", json.dumps(_nccl_verdicts(per_host), indent=1)))
+    if hang[0] is not None:
+        files.append(("hang-dump.json", hang[0]))
     manifest: dict = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "railyard": ver,
                       "inventory": str(inv.path), "layout": plan.layout if plan else None,
-                      "hosts": {}, "files": [], "skipped": []}
+                      "hung": hang[1] or None, "hosts": {}, "files": [], "skipped": []}
     for host, secs in per_host.items():
         if "_error" in secs:
             manifest["hosts"][host] = {"error": secs["_error"]}

@@ -70,7 +70,10 @@ class Verdict(Protocol):
 def survey(inv: Inventory, runner: Runner, plan: LaunchPlan) -> list[Verdict]:
     """The shared hung verdict (railyard.verbs.hung.survey, written beside this module: looked up when it is
     called, whether it takes the inventory or not, and answers a list or a Survey of verdicts)."""
-    hung: Any = importlib.import_module("railyard.verbs.hung")
+    try:
+        hung: Any = importlib.import_module("railyard.verbs.hung")
+    except ImportError as e:
+        raise RailyardError(f"the shared hung verdict is not here ({e})") from None
     params = list(inspect.signature(hung.survey).parameters)
     got = hung.survey(inv, runner, plan) if params and params[0] == "inv" else hung.survey(runner, plan)
     return list(getattr(got, "verdicts", got))
@@ -586,15 +589,18 @@ def latest(s: Session, state_dir: str, deployment: str) -> str | None:
     return f"{s.host.name}:{d}/{name}" if _STAMP.match(name) else None
 
 
-def dump(inv: Inventory, plan: LaunchPlan, runner: Runner, lines: int = LOG_LINES, keep_it: bool = True) -> Report:
-    """Every rank read in parallel, the shared verdict, the report; kept on the first host."""
+def dump(inv: Inventory, plan: LaunchPlan, runner: Runner, lines: int = LOG_LINES, keep_it: bool = True,
+         verdicts: list[Verdict] | None = None) -> Report:
+    """Every rank read in parallel, the shared verdict (asked after the stacks are read, unless given), the
+    report; kept on the first host."""
     from ..apply.lock import lock_host
     at = time.time()
     hosts = [inv.host(h) for h in plan.hosts()]
     got = runner.each(lambda s: dump_host(s, plan.on_host(s.host.name), lines), hosts)
     dumps = [got.ok[h] for h in got.ok]
     failed = {h: str(r.error) for h, r in got.failed.items()}
-    verdicts = survey(inv, runner, plan)
+    if verdicts is None:
+        verdicts = survey(inv, runner, plan)
     kept, keep_error = "", ""
     if keep_it:
         first = lock_host(inv)

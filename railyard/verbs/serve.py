@@ -161,8 +161,10 @@ def status(inv: Inventory) -> tuple[list[dict], dict]:
         except RailyardError as e:
             return rows, {"error": f"the recovery record was not read: {e}"}
         names = [s.name for s in plan.by_rank()]
+        from .hang_dump import latest
         return rows, {"file": book.where, "budget": book.budget, "window_s": book.window_s,
-                      "recent": book.recent(), "left": book.left(names)}
+                      "recent": book.recent(), "left": book.left(names),
+                      "hang_dump": latest(book.session, lock.lock_host(inv).vars["vllm_state_dir"], plan.deployment)}
 
 
 def logs(inv: Inventory, rank: str | None, follow: bool, lines: int | None, write) -> int:
