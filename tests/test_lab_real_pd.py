@@ -2,7 +2,8 @@
 hgx8 host A, one decode instance on B, the real vllm-router on A. NIXL moves the prompt's KV blocks
 between the hosts' rail addresses over UCX's TCP transport (the lab has no RDMA device), staged in
 host memory (pd_kv_buffer_device: cpu). One real bring-up for the module: the launch's own P->D
-proof, health's timed request through both pools, and verify-rdma giving the TCP path no pass."""
+proof, health's timed request through both pools with the canary recorded on the prefill/decode pair and the
+proxy, then judged against that record, and verify-rdma giving the TCP path no pass."""
 
 from __future__ import annotations
 
@@ -38,15 +39,31 @@ def test_the_launch_proves_the_kv_moved_from_prefill_to_decode_over_nixl(pd):
     assert "Backend UCX was instantiated" in on("A", f"docker logs {DEP}-prefill-0 2>&1").stdout
 
 
-def test_health_times_a_request_through_both_pools_of_real_engines(pd):
+def test_health_times_a_request_through_both_pools_of_real_engines_and_records_the_pairs_canary(pd):
+    """The canary's pair requests (the prefill kept for a remote decode, then the decode reading its KV over the
+    real NIXL) are what the real engines take from vllm-router: every one answered, and was recorded."""
     inv, _ = pd
-    r = run("health", "--json", inv=inv)
+    r = run("health", "--canary", "record", "--json", inv=inv)
     doc = json.loads(r.stdout)
     assert r.returncode == 0, [c for c in doc["checks"] if c["status"] != "pass"]
+    canary = [c["detail"] for c in doc["checks"] if c["check"] == "canary"]
+    assert canary == [f"{t}: 3 answers recorded" for t in ("prefill-0>decode-0", "proxy")], doc["checks"]
     req = doc["data"]["metrics"]["request"]
     assert req["prefill"] == ["prefill-0"] and req["decode"] == ["decode-0"] and req["ttft_s"] > 0
     kv = doc["data"]["metrics"]["instances"]
     assert kv["prefill-0"]["kv_per_rank"] == {"0": 1_048_576} == kv["decode-0"]["kv_per_rank"]
+
+
+def test_the_pairs_canary_is_judged_equal_to_its_record_on_the_real_engines(pd):
+    """Asked again, the pair and the proxy answer as recorded: temperature 0 on the real engines, the decode's
+    answer made from the KV blocks it read over NIXL each time (the prompts are longer than one block)."""
+    inv, _ = pd
+    r = run("health", "--canary", "--json", inv=inv)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0, [c for c in doc["checks"] if c["status"] != "pass"]
+    canary = [c["detail"] for c in doc["checks"] if c["check"] == "canary"]
+    assert canary == [f"{t}: the 3 canary answers are the recorded ones" for t in ("prefill-0>decode-0", "proxy")], \
+        doc["checks"]
 
 
 def test_verify_rdma_gives_no_pass_to_nixl_over_tcp(pd):
