@@ -458,18 +458,18 @@ def dump_host(s: Session, services: list[Service], lines: int) -> HostDump:
             raise RailyardError(f"{s.host.name}: {r.error.kind}: {r.error.message}")
         done = split_output(r.stdout, work, token)
         for i, sd in enumerate(hd.services):
-            for pd in sd.processes:
-                o = done.get(f"d{pd.pid}")
+            for proc in sd.processes:
+                o = done.get(f"d{proc.pid}")
                 if o is None:
                     continue
-                pd.tool, st, pd.failures = read_dump(pd.pid, o.text)
+                proc.tool, st, proc.failures = read_dump(proc.pid, o.text)
                 if st is None:
-                    if not pd.failures:
-                        pd.failures.append("timed out" if o.timed_out or o.rc is None else f"exit {o.rc}, no output")
+                    if not proc.failures:
+                        proc.failures.append("timed out" if o.timed_out or o.rc is None else f"exit {o.rc}, no output")
                     continue
-                pd.stack = st.as_dict()
+                proc.stack = st.as_dict()
                 f = waiting_frame(st)
-                pd.frame = str(f) if f else ""
+                proc.frame = str(f) if f else ""
             if f"r{i}" in done:
                 o = done[f"r{i}"]
                 addr = ras_address(env_of_service(got, i)) or ("127.0.0.1", RAS_PORT)
