@@ -1,11 +1,11 @@
-"""Alive but hung: an engine whose /health answers 200 while it makes no progress. `inv health`'s probe
-request that gets no token within `vllm_hung_after_s` (20 s) is judged on the engine's own token counters, read from
-/metrics before the probe and after its limit: unchanged is `hung` (named, with the values and times),
-moved is a busy engine asked again for the rest of the old limit; unread is no verdict of hung. A rank
-whose serving process is stopped (state T) is named hung by `service_health` (its state read here from
-real processes); `inv health --watch` prints its first look whole, then a line per changed check. These
-tests drive the probes through a scripted session; the lab's `engine-hang` fault makes the same on the real vLLM
-(test_lab_real_stations.py) and the stand-in (test_lab_verify.py)."""
+"""Alive but hung: the shared hung verdict (railyard.checks.hang, read by railyard.verbs.hung) that `inv health`,
+`inv recover` and `inv hang-dump` act on. An engine whose /health answers 200 is judged on its own token counters,
+per `engine` label (a DP rank each, never summed), read from /metrics before its probes and after their limit:
+requests running or waiting while they stand still is hung (named, with the values and times); moved is busy;
+all 0 is cold; unread is unknown, never hung. A stopped process of any container (its API server included), a dead
+API behind a running container, and the engine's own hang lines in steady state are verdicts too. The probes and
+reads go through a scripted session; the real vLLM's /metrics (tests/fixtures/real/vllm-cpu/metrics-idle.txt) and
+its hang line are the formats. `inv health --watch` prints its first look whole, then a line per changed check."""
 
 from __future__ import annotations
 
@@ -16,117 +16,186 @@ import signal
 import subprocess
 import time
 
+from railyard.checks import hang
+from railyard.checks.hang import Sample, Verdict, by_engine, hang_lines, judge_engines, parse_ps, stopped, tree
 from railyard.checks.health import Probe, RankHealth
-from railyard.engines import by_name
-from railyard.verbs import verify
-from railyard.inventory import Host
 from railyard.facts.host import PROC_STATES
-from railyard.plan.spec import Endpoint
+from railyard.inventory import Host
 from railyard.testing import FakeSession
+from railyard.verbs import hung
 
-VLLM = by_name("vllm")
+from .conftest import REAL, real
 
-EP = Endpoint("head", "A", "127.0.0.1", 8000, "", "railyard-lab/tiny-qwen3")
-ANSWER = ('{"choices": [{"finish_reason": "length", "message": {"content": "Ready ready ready"}}], '
-          '"usage": {"completion_tokens": 16}}')
-
-
-def exposition(prompt: float, generation: float) -> str:
-    """The two counters as vLLM's /metrics labels them (one engine)."""
-    labels = '{engine="0",model_name="railyard-lab/tiny-qwen3"}'
-    return (f"# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
-            f"# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{labels} {prompt}\n"
-            f"# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
-            f"# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{labels} {generation}\n")
+PROGRESS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+IDLE = real("vllm-cpu/metrics-idle.txt")
+ANSWER = real("vllm-api/chat-length-16.json")
 
 
-def session(metrics: list[str], chats: list[tuple[int, str]], health: int = 200, hosts_vars=None) -> FakeSession:
-    """curl's output as request() reads it: the body, then `@@CODE SECONDS`; 000 when no answer came."""
-    reads = iter(metrics)
-    answers = iter(chats)
+def busy(prompt: float, generation: float, running: float = 1, engine: str = "0") -> str:
+    """The real idle exposition with one engine's counters and load set (its line format kept)."""
+    out = IDLE
+    for name, value in (("prompt_tokens_total", prompt), ("generation_tokens_total", generation),
+                        ("num_requests_running", running)):
+        out = re.sub(rf'^(vllm:{name}{{engine=")0(",[^}}]*}}) \S+$', rf"\g<1>{engine}\g<2> {value}", out, flags=re.M)
+    return out
 
-    def curl(body: str, code: int, secs: float = 0.01):
-        return (28 if code == 0 else 0, f"{body}\n@@{code:03d} {secs} ",
+
+def test_the_real_metrics_give_each_engines_counters_and_load_never_the_waiting_by_reason_series():
+    got = by_engine(IDLE, PROGRESS + hang.LOAD)
+    assert got == {"0": {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0,
+                         "vllm:prompt_tokens_total": 36.0, "vllm:generation_tokens_total": 96.0}}
+
+
+def at(t: float, text: str | None) -> Sample:
+    return Sample(None if text is None else by_engine(text, PROGRESS + hang.LOAD), t)
+
+
+T0 = time.mktime((2026, 12, 7, 8, 1, 2, 0, 0, -1))
+
+
+def test_a_probe_held_while_the_counters_stand_still_over_the_window_is_hung_with_the_values_and_times():
+    """vLLM reports running and waiting when a step completes: a hung step leaves them as they were (0 here, as the
+    real engine showed with rank 1 stopped), so the probe it holds is the load."""
+    got = judge_engines(at(T0, busy(812, 4096, 0)), at(T0 + 21, busy(812, 4096, 0)), PROGRESS, 18, {"0": False})
+    assert got == {"0": ("hung", "its probe got no token in 21 s and its token counters did not move "
+                                 "(prompt_tokens_total 812, generation_tokens_total 4,096 at 08:01:02 and 08:01:23; "
+                                 "0 running and 0 waiting as it last reported)")}
+    # requests of its own running at both reads, without a probe of ours: hung too
+    assert judge_engines(at(T0, busy(812, 4096)), at(T0 + 21, busy(812, 4096)), PROGRESS, 18, {})["0"][0] == "hung"
+
+
+def test_moved_counters_are_busy_idle_is_not_judged_zero_is_cold_and_unread_is_unknown():
+    still, held = busy(812, 4096), {"0": False}
+    assert judge_engines(at(T0, still), at(T0 + 21, busy(812, 4112)), PROGRESS, 18, held)["0"] == (
+        "ok", "its token counters moved (generation_tokens_total +16 in 21 s)")
+    idle = busy(812, 4096, 0)
+    assert judge_engines(at(T0, idle), at(T0 + 21, idle), PROGRESS, 18, {})["0"][0] == "ok"   # no probe, no load
+    cold = judge_engines(at(T0, busy(0, 0)), at(T0 + 21, busy(0, 0)), PROGRESS, 18, held)["0"]
+    assert cold[0] == "ok" and cold[1].startswith("cold: no token made since it started")
+    assert judge_engines(at(T0, still), at(T0 + 21, None), PROGRESS, 18, held) == {
+        "0": ("unknown", "its /metrics could not be read twice")}
+    # reads closer than the window, or an engine that answered: no verdict of hung
+    assert judge_engines(at(T0, still), at(T0 + 3, still), PROGRESS, 18, held)["0"][0] == "ok"
+    assert judge_engines(at(T0, still), at(T0 + 21, still), PROGRESS, 18, {"0": True})["0"] == ("ok", "answered its probe")
+
+
+def test_one_hung_dp_rank_of_four_is_named_and_the_sum_does_not_hide_it():
+    """dp_ep: four engines behind one API, a probe sent to each (X-data-parallel-rank); three answer, engine 2 holds
+    its probe and stands still. Summed, the counters moved (the old judgment's blind spot); per label, rank 2 is hung."""
+    def four(moved: bool) -> str:
+        return "\n".join(busy(100, 200 + (16 if moved and e != "2" else 0), 1, e) for e in "0123")
+    got = judge_engines(at(T0, four(False)), at(T0 + 21, four(True)), PROGRESS, 18,
+                        {"0": True, "1": True, "2": False, "3": True})
+    assert [e for e, (state, _) in got.items() if state == "hung"] == ["2"]
+    assert all(got[e][0] == "ok" for e in "013")
+
+
+def test_a_stopped_process_of_a_container_is_named_by_its_vllm_title_and_the_api_server_too():
+    ps = ("  100     1 Sl   /usr/bin/python3 -SI /lab/sim/image/bin/vllm serve /model --port 8000\n"
+          "  101   100 Tl   /venv/bin/python /venv/bin/vllm serve /model --port 8000\n"
+          "  102   101 Sl   VLLM::EngineCore\n"
+          "  103   102 Tl   VLLM::Worker_TP0\n"
+          "  200     1 S    sleep 60\n")
+    procs = parse_ps(ps)
+    mine = tree(procs, 100)
+    assert [p.pid for p in mine] == [100, 101, 102, 103]
+    assert stopped(mine, 100) == ["API server (pid 101, state Tl)", "VLLM::Worker_TP0 (pid 103, state Tl)"]
+
+
+def test_hang_lines_count_in_steady_state_only_and_while_recent():
+    line = real("vllm-cpu/hang-shm-broadcast.log").strip().splitlines()[-1]
+    stamp = line.split()[0]
+    now = hang._epoch(stamp[:19]) + 30
+    ready = "2026-12-07T08:00:00.000000000Z (APIServer pid=1) INFO:     Application startup complete.\n"
+    warmup = line.replace(stamp, "2026-12-07T07:59:00.000000000Z")
+    assert hang_lines(warmup + "\n" + ready, now, 180) == []               # compile and warm-up: benign
+    got = hang_lines(ready + line, now, 180)
+    assert len(got) == 1 and got[0].startswith("shm_broadcast: ") and "No available shared memory broadcast block" in got[0]
+    assert hang_lines(ready + line, now + 600, 180) == []                  # an old episode is not today's verdict
+    watchdog = (REAL / "hang" / "h100-2rank-one-skips-allreduce_rank0-stderr-watchdog.txt").read_text()
+    wline = next(ln for ln in watchdog.splitlines() if "Watchdog caught" in ln)
+    got = hang_lines(ready + stamp + " " + wline, now, 180)
+    assert got and got[0].startswith("nccl_watchdog: ")
+
+
+def scripted(metrics: list[str], chats: list[tuple[int, str]], clock: list[float]) -> FakeSession:
+    reads, answers = iter(metrics), iter(chats)
+
+    def curl(body: str, code: int):
+        return (7 if code == 0 else 0, f"{body}\n@@{code:03d} 0.01 ",
                 "curl: (28) Operation timed out after 20001 milliseconds with 0 bytes received" if code == 0 else "")
 
-    s = FakeSession(Host("A", 0, "198.18.0.11", 22, "root", "ssh", "", {}, hosts_vars or {}))
-    s.on(re.compile(r"/metrics$"), lambda _: curl(next(reads), 200))
-    s.on(re.compile(r"/health$"), lambda _: curl("", health))
-    s.on(re.compile(r"/v1/models$"), lambda _: curl('{"data": [{"id": "railyard-lab/tiny-qwen3"}]}', 200))
-    s.on(re.compile(r"/v1/chat/completions$"), lambda _: curl(*next(answers)[::-1], 20.0))
+    def metric(_):
+        clock[0] += 21
+        return curl(next(reads), 200)
+    s = FakeSession(Host("A", 0, "198.18.0.11", 22, "root", "ssh", "", {}, {}))
+    s.on(re.compile(r"/metrics\b"), metric)
+    s.on(re.compile(r"/v1/chat/completions\b"), lambda _: curl(*next(answers)[::-1]))
     return s
 
 
-def by_name(probes):
-    return {p.name: p for p in probes}
+def engine_verdict(monkeypatch, metrics, chats, dp=1):
+    from .test_plan import station_plan
+    _, plan, _ = station_plan()
+    svc = plan.service(plan.endpoint.service)
+    if dp > 1:
+        from dataclasses import replace
+        svc = replace(svc, expect=(("kv_engines", str(dp)),))
+    clock = [T0]
+    monkeypatch.setattr(hung.time, "time", lambda: clock[0])
+    s = scripted(metrics, chats, clock)
+    return hung._probe_engine(s, svc, plan.endpoint, 20.0), s
 
 
-def test_no_token_and_unmoved_counters_while_health_answers_is_hung_with_the_evidence():
-    s = session([exposition(812, 4096), exposition(812, 4096), exposition(812, 4096)], [(0, "")])
-    probes = by_name(verify._api_probes(s, EP, VLLM)[0])
-    assert probes["/health"].ok
-    hung = probes["progress"]
-    assert not hung.ok
-    assert hung.detail.startswith("hung: no token for the probe in 20 s and its token counters did not move "
-                                  "(prompt_tokens_total 812, generation_tokens_total 4,096 at ")
-    assert hung.detail.endswith("while /health answers 200")
-    assert not probes["chat completion"].ok
-    assert sum("/v1/chat/completions" in c for c in s.calls) == 1        # a hung engine is not asked again
+def test_an_engine_that_takes_the_probe_and_makes_no_token_is_hung_naming_the_probe(monkeypatch):
+    v, s = engine_verdict(monkeypatch, [busy(812, 4096, 0), busy(812, 4096, 0)], [(0, "")])
+    assert v.state == "hung" and v.source == "counters" and v.target == "head (rank 0)"
+    assert v.evidence[0].startswith("its probe got no token in 21 s and its token counters did not move")
+    assert [re.search(r"--max-time (\d+)", c).group(1) for c in s.calls if "chat/completions" in c] == ["20"]
 
 
-def test_no_token_but_moving_counters_is_busy_and_asked_again_for_the_rest_of_the_limit():
-    s = session([exposition(812, 4096), exposition(9000, 5120), exposition(9100, 5136)], [(0, ""), (200, ANSWER)])
-    probes = by_name(verify._api_probes(s, EP, VLLM)[0])
-    assert "progress" not in probes and probes["chat completion"].ok
-    chats = [c for c in s.calls if "/v1/chat/completions" in c]
-    assert [re.search(r"--max-time (\d+)", c).group(1) for c in chats] == ["20", "100"]
+def test_an_engine_that_answers_is_ok_and_one_with_nothing_listening_is_a_dead_api(monkeypatch):
+    v, _ = engine_verdict(monkeypatch, [IDLE, busy(40, 112, 0)], [(200, ANSWER)])
+    assert (v.state, v.evidence) == ("ok", ["answered its probe"])
+    refused = "curl: (7) Failed to connect to 127.0.0.1 port 8000 after 0 ms: Couldn't connect to server: Connection refused"
+    clock = [T0]
+    monkeypatch.setattr(hung.time, "time", lambda: clock[0])
+    from .test_plan import station_plan
+    _, plan, _ = station_plan()
+    s = FakeSession(Host("A", 0, "198.18.0.11", 22, "root", "ssh", "", {}, {}))
+    s.on(re.compile(r"."), (7, "\n@@000 0.0 ", refused))
+    v = hung._probe_engine(s, plan.service(plan.endpoint.service), plan.endpoint, 20.0)
+    assert v.state == "dead" and v.source == "api" and "the API process is gone" in v.evidence[0]
 
 
-def test_no_token_from_an_engine_whose_counters_are_still_zero_is_asked_again_not_hung():
-    """A fresh engine's first request: its first step not done when the probe's 20 s ran out (the real CPU
-    build's, TP=2 on two busy cores, in the lab's real stage), so both counters still read 0: no baseline,
-    no verdict of hung; it is asked again for the rest of the limit, and its answer passes."""
-    s = session([exposition(0, 0), exposition(0, 0), exposition(7, 16)], [(0, ""), (200, ANSWER)])
-    probes = by_name(verify._api_probes(s, EP, VLLM)[0])
-    assert "progress" not in probes and probes["chat completion"].ok
-    assert sum("/v1/chat/completions" in c for c in s.calls) == 2
+def test_a_dp_engine_gets_one_probe_per_rank_at_once(monkeypatch):
+    v, s = engine_verdict(monkeypatch, [IDLE, busy(40, 112, 0)], [(200, ANSWER)] * 4, dp=4)
+    chats = [c for c in s.calls if "chat/completions" in c]
+    assert sorted(re.search(r"X-data-parallel-rank: (\d)", c).group(1) for c in chats) == ["0", "1", "2", "3"]
+    assert v.state == "ok"
 
 
-def test_vllm_hung_after_s_sets_how_long_the_probe_waits_before_the_counters_are_read_again():
-    s = session([exposition(812, 4096), exposition(9000, 5120), exposition(9100, 5136)], [(0, ""), (200, ANSWER)],
-                hosts_vars={"vllm_hung_after_s": 5})
-    verify._api_probes(s, EP, VLLM)
-    chats = [c for c in s.calls if "/v1/chat/completions" in c]
-    assert [re.search(r"--max-time (\d+)", c).group(1) for c in chats] == ["5", "115"]   # the two minutes kept
+def test_a_rank_of_a_group_whose_engine_stands_still_waits_with_it():
+    """multinode_tp: the headless rank on B has no API; the head's counters say the group's engine is hung, so B's
+    verdict says it waits with its group (its own processes all running)."""
+    from .test_plan import station_plan
+    _, plan, _ = station_plan()
+    head = plan.service(plan.endpoint.service)
+    worker = next(s for s in plan.services() if s.host == "B")
+    found = [Verdict("A", head.name, hung.target_of(head), "hung", ["1 request(s) running ..."], "counters"),
+             Verdict("B", worker.name, hung.target_of(worker), "ok", ["4 process(es) running, none stopped"], "processes")]
 
+    class Runner:
+        def session(self, host):
+            return FakeSession(Host(host, 0, "198.18.0.11", 22, "root", "ssh", "", {}, {}))
 
-def test_counters_that_cannot_be_read_give_no_hung_verdict():
-    s = session([], [(0, "")])
-    s.rules.insert(0, (re.compile(r"/metrics$"), _metrics_then_error()))
-    probes = by_name(verify._api_probes(s, EP, VLLM)[0])
-    assert not probes["progress"].ok and "hung" not in probes["progress"].detail
-    assert probes["progress"].detail == "its token counters could not be read twice from /metrics"
-
-
-def _metrics_then_error():
-    calls = iter([(0, exposition(812, 4096) + "\n@@200 0.01 "), (7, "\n@@000 0.0 ", "curl: (7) Failed to connect"),
-                  (7, "\n@@000 0.0 ", "curl: (7) Failed to connect")])
-    return lambda _: next(calls)
-
-
-def test_the_judge_needs_both_reads_the_same_counters_and_health_for_hung():
-    before = {"vllm:prompt_tokens_total": 10.0, "vllm:generation_tokens_total": 20.0}
-    reads = (time.mktime((2026, 12, 5, 8, 1, 2, 0, 0, -1)), time.mktime((2026, 12, 5, 8, 1, 24, 0, 0, -1)))
-    assert verify.judge_progress(before, dict(before), reads, 20.0, True)[0] == "hung"
-    assert verify.judge_progress(before, dict(before), reads, 20.0, False)[0] == "unknown"     # down, not hung
-    assert verify.judge_progress(before, None, reads, 20.0, True)[0] == "unknown"
-    zero = dict.fromkeys(before, 0.0)
-    assert verify.judge_progress(zero, dict(zero), reads, 20.0, True) == (
-        "cold", "no answer in 20 s from an engine that has made no token since it started (prompt_tokens_total 0, "
-                "generation_tokens_total 0 at 08:01:02 and 08:01:24): its first step may still be running")
-    busy = verify.judge_progress(before, {**before, "vllm:generation_tokens_total": 36.0}, reads, 20.0, True)
-    assert busy == ("busy", "no answer in 20 s, but it made progress between 08:01:02 and 08:01:24 "
-                            "(generation_tokens_total +16)")
+        def each(self, fn):
+            from railyard.transport.runner import HostResults
+            return HostResults([(h, [v for v in found if v.host == h], True) for h in ("A", "B")])
+    got = hung.survey(Runner(), plan)  # type: ignore[arg-type]
+    b = next(v for v in got.verdicts if v.host == "B")
+    assert b.state == "hung" and b.source == "group"
+    assert b.evidence[0].startswith(f"waits with its group {worker.group}: A head (rank 0) made no token")
 
 
 class _Enough(Exception):

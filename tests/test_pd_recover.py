@@ -47,7 +47,8 @@ def test_a_dead_prefill_instance_comes_back_alone_taken_out_and_back_by_the_prox
 def test_a_hung_instance_is_killed_first():
     _, plan = pd_plan()
     rec = R.decide(plan, healths(plan, prefill_1=HUNG), reached(plan), None)
-    assert rec.hung == ["prefill-1"] and rec.steps[0] == "kill prefill-1 (a stopped process never sees SIGTERM)"
+    assert rec.hung == ["prefill-1"] and rec.steps[0] == ("kill prefill-1 (hung: it never finishes what it waits in; a stopped process "
+                                                            "never sees SIGTERM)")
 
 
 def test_where_a_pool_has_none_left_its_instance_comes_back_first_to_prove_the_other():

@@ -1,11 +1,11 @@
 """`inv health`'s verdicts on each service and on the API, against fake docker hosts: a dead container
 named, a stopped (hung) serving process named with its pid and state, a container with nothing on its
 GPU, and the API's answers: the real vLLM answers of tests/fixtures/real/vllm-api (ORIGINS.md there), a
-bad one failing the probe with the server's words, and a hung engine read from its counters."""
+bad one failing the probe with the server's words. Whether an engine moves is the shared hung verdict's
+(tests/test_health_progress.py)."""
 
 from __future__ import annotations
 
-import re
 
 from railyard.testing import FakeDockerHost
 from railyard.engines import by_name
@@ -90,10 +90,3 @@ def test_a_bad_answer_fails_the_chat_probe_with_the_servers_words():
     probes, _ = api((int(code), body))
     assert probes["/health"].ok and not probes["chat completion"].ok
     assert probes["chat completion"].detail.startswith("HTTP 404: {\"error\":{\"message\":\"The model `nope` does not exist.")
-
-
-def test_no_token_with_counters_that_stand_still_is_a_hung_engine_while_health_answers():
-    probes, _ = api((0, ""))
-    assert not probes["progress"].ok and probes["/health"].ok
-    assert re.match(r"hung: no token for the probe in \d+ s and its token counters did not move \(prompt_tokens_total "
-                    r"10, generation_tokens_total 20 at ", probes["progress"].detail), probes["progress"].detail

@@ -25,9 +25,9 @@ def deployed():
     return inv, plan, host
 
 
-def survey(inv, plan, host, which=None):
+def survey(inv, plan, host, which=None, verdicts=None):
     with Runner(inv.hosts, sessions={host.name: host.session}) as runner:
-        rec, _ = R.survey(plan, runner, which)
+        rec, _ = R.survey(plan, runner, which, verdicts or [])
     assert not host.unexpected, host.unexpected
     return rec
 
@@ -90,6 +90,19 @@ def test_a_hung_replica_takes_the_short_path_and_is_killed_not_drained():
     assert any(s.startswith("kill r1") for s in rec.steps) and not any(s.startswith("wait for") for s in rec.steps)
 
 
+def test_a_replica_whose_counters_stand_still_under_its_probe_is_hung_and_killed_whatever_its_processes_say():
+    """The shared verdict (railyard.checks.hang): every process of r1 runs (state S), /health answers 200, but a
+    request runs on it and its token counters did not move: hung, so killed, never drained."""
+    from railyard.checks.hang import Verdict
+    inv, plan, host = deployed()
+    why = "1 request(s) running and 0 waiting, and its token counters did not move in 20 s (...)"
+    rec = survey(inv, plan, host, verdicts=[Verdict(host.name, "r1", "r1", "hung", [why], "counters"),
+                                            Verdict(host.name, "r0", "r0", "ok", ["answered 1 probe(s)"], "counters")])
+    assert rec.path == "short" and rec.services == ["r1"] and rec.hung == ["r1"]
+    assert rec.why[0] == f"r1 is hung: {why}, whatever /health answers"
+    assert any(s.startswith("kill r1") for s in rec.steps) and not any(s.startswith("wait for") for s in rec.steps)
+
+
 # ---------------------------------------------------------------- the group path (every other layout)
 
 def two_stations():
@@ -106,10 +119,11 @@ def two_stations():
     return inv, plan, hosts
 
 
-def group_survey(inv, plan, hosts):
+def group_survey(inv, plan, hosts, verdicts=()):
+    from railyard.verbs.hung import Survey
     from railyard.verbs.recover import survey_group
     with Runner(inv.hosts, sessions={n: h.session for n, h in hosts.items()}) as runner:
-        return survey_group(plan, runner)
+        return survey_group(plan, runner, Survey(list(verdicts)))
 
 
 def test_a_hung_rank_takes_the_whole_group_down_the_head_first_and_up_in_rank_order():
@@ -119,11 +133,36 @@ def test_a_hung_rank_takes_the_whole_group_down_the_head_first_and_up_in_rank_or
     head, worker = plan.service(plan.endpoint.service), next(s for s in plan.services() if s.host == "B")
     assert rec.path == "group" and rec.hung == [worker.name] and set(rec.services) == {head.name, worker.name}
     assert rec.why[0].startswith(f"{worker.name} on B: hung: VLLM::Worker_TP1 (pid ")
-    assert rec.steps[0] == f"stop {head.name}, {worker.name}, in that order; kill {worker.name} (a stopped process never sees SIGTERM)"
+    assert rec.steps[0] == (f"stop {head.name}, {worker.name}, in that order; kill {worker.name} (a hung rank never "
+                            "finishes its collective, a stopped process never sees SIGTERM)")
     assert rec.steps[1] == "compare the checkpoint on B with A's (names and sizes)"
     starts = [s for s in rec.steps if s.startswith("start ")]
     assert starts[0].startswith(f"start {worker.name} ") and starts[-1].startswith(f"start {head.name} ")
     assert all(not h.events for h in hosts.values())                 # the look changed nothing
+
+
+def test_a_group_whose_engine_makes_no_token_is_hung_on_every_rank_and_killed_whole():
+    """Tried on the real engine: after the serving rail came back the TP group stayed wedged, every process
+    running; the shared verdict names it from the counters, and recover no longer says "nothing to recover"."""
+    from railyard.checks.hang import Verdict
+    inv, plan, hosts = two_stations()
+    head, worker = plan.service(plan.endpoint.service), next(s for s in plan.services() if s.host == "B")
+    why = "1 request(s) running and 0 waiting, and its token counters did not move in 20 s (...)"
+    rec = group_survey(inv, plan, hosts, [
+        Verdict("A", head.name, "head (rank 0)", "hung", [why], "counters"),
+        Verdict("B", worker.name, "worker-1 (rank 1)", "hung", ["waits with its group"], "group")])
+    assert rec.path == "group" and rec.hung == [head.name, worker.name]
+    assert rec.why[0] == f"{head.name} on A: hung: head (rank 0): {why}"
+    assert "kill head, worker-1" in rec.steps[0]
+
+
+def test_a_dead_api_process_is_a_failed_service_for_the_group_path():
+    from railyard.checks.hang import Verdict
+    inv, plan, hosts = two_stations()
+    gone = "nothing answers on its API port 8000 while its container runs (the API process is gone): curl: (7)"
+    rec = group_survey(inv, plan, hosts, [Verdict("A", plan.endpoint.service, "head (rank 0)", "dead", [gone], "api")])
+    assert rec.path == "group" and rec.hung == []
+    assert rec.why[0] == f"{plan.endpoint.service} on A: dead: head (rank 0): {gone}"
 
 
 def test_a_healthy_group_has_nothing_to_recover_and_an_unreachable_host_blocks_it():

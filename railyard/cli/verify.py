@@ -9,7 +9,7 @@ from rich.text import Text
 
 from ..errors import UsageError
 from ..report import NO_HOST
-from . import console, live_table, load, rtask, verdict_table
+from . import STYLE as STYLES, console, live_table, load, rtask, verdict_table
 
 
 @rtask(help={"log": "judge this NCCL log file instead (repeatable; no SSH)"}, iterable=["log"])
@@ -96,6 +96,14 @@ def _health_view(plan, ranks, probes, metrics, report) -> int:
         p.add_row(pr.name, Text("OK" if pr.ok else "FAIL", style="green" if pr.ok else "bold red"), pr.detail,
                   f"{pr.ms:.0f} ms" if pr.ms else "-")
     con.print(p)
+    hung = [c for c in report.checks if c.check == "hung"]
+    if hung:
+        t = Table(title="health: hung verdict per engine process group", title_justify="left")
+        for c in ("host", "verdict", "detail", "evidence from"):
+            t.add_column(c, overflow="fold")
+        for c in hung:
+            t.add_row(c.host, Text(c.status.upper(), style=STYLES.get(c.status, "")), c.detail, c.evidence)
+        con.print(t)
     if metrics and "running" in metrics:
         fmt = lambda v, pct=False: "-" if v is None else (f"{v * 100:.1f} %" if pct else f"{v:g}")
         con.print(f"metrics: running {fmt(metrics['running'])}, waiting {fmt(metrics['waiting'])}, KV cache "

@@ -21,7 +21,8 @@ the layout has none (None):
     api_probes(plan, cache_proof)        `inv health`'s probes of the endpoint, in place of the generic ones
     cache_proof                          True: `inv health --cache-proof` has a shared cache to prove
     canary_targets(plan)                 the APIs `inv health --canary` asks, in place of the endpoint alone
-    recovery(inv, runner, plan, target)  `inv recover`'s look and choice (a Recovery), in place of the group path
+    recovery(inv, runner, plan, target, found)  `inv recover`'s look and choice (a Recovery) from the shared hung
+                                         verdict (found: railyard.verbs.hung.Survey), in place of the group path
     restore(inv, runner, plan, rec, ...) the path that recovery chose, taken (with recovery)
 """
 
@@ -102,7 +103,7 @@ class Layout:
         """Endpoints, or targets that ask their own way (railyard.verbs.canary.Asked)."""
         return None
 
-    def recovery(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, target: str | None) -> Any:
+    def recovery(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, target: str | None, found: Any) -> Any:
         return None
 
     def restore(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, rec: Any, timeout: float,

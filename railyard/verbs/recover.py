@@ -21,6 +21,7 @@ from ..apply import executor as ops
 from ..apply.executor import Show
 from ..apply.lock import HeadLock, lock_host
 from ..apply.recover import Book, Recovery, take_down
+from ..checks.hang import fold
 from ..errors import LaunchError, UsageError
 from ..facts.docker import inspect
 from ..inventory import Inventory
@@ -29,6 +30,7 @@ from ..plan.spec import LaunchPlan
 from ..transport.runner import Runner
 from .serve import build_plan
 from .sync import diff, manifests
+from .hung import Survey, survey
 from .verify import service_health
 
 
@@ -37,13 +39,14 @@ def recover(inv: Inventory, target: str | None, dry_run: bool, timeout: float | 
     layout = layouts.get(inv)
     with Runner(layout.hosts(inv)) as runner:
         plan = build_plan(inv, runner, strict=False)
-        rec = layout.recovery(inv, runner, plan, target)
+        found = survey(runner, plan)
+        rec = layout.recovery(inv, runner, plan, target, found)
         if rec is None:
             if target is not None:
                 have = " or ".join(layouts.names_where(lambda cls: cls.recovery is not layouts.Layout.recovery))
                 raise UsageError(f"--replica {target}: layout {plan.layout} restarts its services as one group "
                                  f"(--replica names a replica of serve_layout {have})")
-            rec = survey_group(plan, runner)
+            rec = survey_group(plan, runner, found)
         if rec.path in ("none", "blocked"):
             return plan, rec
         book = Book.open(inv, plan, runner)
@@ -78,21 +81,25 @@ def decide_group(plan: LaunchPlan, healths: list, host_reached: dict[str, bool])
         return Recovery("none", [], [f"every service runs on its GPUs ({', '.join(names)})"], [])
     hung = [h.service for h in bad if any(r.startswith("hung:") for r in h.reasons)]
     why = [f"{h.service} on {h.host}: {'; '.join(h.reasons)}" for h in bad]
+    if hung:
+        why.append("`inv hang-dump` shows where each rank waited (run it before recover to keep the stacks)")
     hosts = list(dict.fromkeys(s.host for s in plan.by_rank()))
     if len(plan.by_rank()) > 1:
         why.append("its services serve as one group: they go down and come back together")
     steps = ["stop " + ", ".join(s.name for s in ops.teardown_order(plan)) + ", in that order"
-             + (f"; kill {', '.join(hung)} (a stopped process never sees SIGTERM)" if hung else "")]
+             + (f"; kill {', '.join(hung)} (a hung rank never finishes its collective, a stopped process never sees "
+                "SIGTERM)" if hung else "")]
     if len(hosts) > 1:
         steps.append(f"compare the checkpoint on {', '.join(hosts[1:])} with {hosts[0]}'s (names and sizes)")
     steps += [f"start {', '.join(s.name for s in st.services)} and gate it ({st.wait})" for st in plan.stages]
     return Recovery("group", names, why, steps, hung=hung)
 
 
-def survey_group(plan: LaunchPlan, runner: Runner) -> Recovery:
-    """Every service's container and GPU processes, the hosts in parallel, one session each; then decide."""
+def survey_group(plan: LaunchPlan, runner: Runner, found: Survey) -> Recovery:
+    """Every service's container and GPU processes, the hosts in parallel, one session each, with the shared hung
+    verdict (`found`, railyard.verbs.hung); then decide."""
     got = runner.each(lambda s: [service_health(s, svc) for svc in plan.on_host(s.host.name)])
-    healths = [h for rows in got.ok.values() for h in rows]
+    healths = fold([h for rows in got.ok.values() for h in rows], found.verdicts)
     return decide_group(plan, healths, {h: h in got.ok for h in plan.report_hosts()})
 
 

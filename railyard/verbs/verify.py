@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import re
-import time
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
 from ..checks import FAIL, PASS, SKIP, WARN, CheckResult, split_fixes
 from ..errors import RailyardError, UsageError
 from ..inventory import Inventory
+from .hung import survey
 from .serve import build_plan, uptime_text
 from ..checks.health import CHAT_PROBE, Probe, RankHealth, judge_answer
 from ..checks.nccl import RankVerdict, judge
@@ -269,9 +270,35 @@ def _health(layout, plan: LaunchPlan, runner: Runner, cache_proof: int) -> tuple
         ranks += got.ok[h] if h in got.ok else [
             RankHealth(h, svc.rank, svc.name, "unreachable", None, None, None, False, [str(got.failed[h].error)])
             for svc in plan.on_host(h)]
+    box: dict = {}
+
+    def probe() -> None:
+        try:
+            box["got"] = _endpoint_probes(layout, plan, runner, ranks, cache_proof)
+        except Exception as e:  # raised again below, in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    found = survey(runner, plan)
+    t.join(HUNG_GRACE_S if found.bad else None)
+    if "error" in box:
+        raise box["error"]
+    if "got" in box:
+        probes, metrics = box["got"]
+    else:
+        bad = "; ".join(v.line() for v in found.bad)
+        probes, metrics = [Probe("API probes", False, f"not waited for: the hung verdict is in ({bad})")], {}
+    metrics["hung"] = [v.as_dict() for v in found.verdicts]
+    return ranks, probes, metrics
+
+
+def _endpoint_probes(layout, plan: LaunchPlan, runner: Runner, ranks: list[RankHealth],
+                     cache_proof: int) -> tuple[list[Probe], dict]:
+    """The layout's own API probes (its api_probes hook), else the endpoint's generic ones."""
     api_probes = layout.api_probes(plan, cache_proof)
     if api_probes is not None:
-        return (ranks, *api_probes(runner, plan, ranks))
+        return api_probes(runner, plan, ranks)
     ep = plan.endpoint
     s = runner.session(ep.host)
     svc = plan.service(ep.service)
@@ -284,59 +311,24 @@ def _health(layout, plan: LaunchPlan, runner: Runner, cache_proof: int) -> tuple
     if "kv_engines" in plan.verifiers:
         more, metrics["kv_per_rank"] = _engine_probes(s, svc, text, engine)
         probes += more
-    return ranks, probes, metrics
+    return probes, metrics
 
 
 # vLLM's /health answers 200 unless the engine is dead (EngineDeadError), so a wedged engine stays "healthy"
-# (vllm-project/vllm #36451, #39863); its progress shows only in /metrics. A probe that has no answer within
-# vllm_hung_after_s (20 s by default) is judged on the engine's token counters (Engine.progress): unchanged over that window
-# (while /health answers) is a hung engine; moved is a busy one, asked again for the rest of CHAT_LIMIT_S. Counters
-# still at 0 are an engine that has not finished one step since it started: no baseline, so no verdict of hung (the
-# CPU build's first step took more than 20 s in the lab, two cores shared by its TP workers); it is asked again too
+# (vllm-project/vllm #36451, #39863): whether it moves is the shared hung verdict's (railyard.verbs.hung, run beside
+# these probes). The endpoint's own chat probe waits up to CHAT_LIMIT_S for an engine the verdict calls busy or cold
+# (the CPU build's first step took more than 20 s in the lab, two cores shared by its TP workers); once the verdict
+# names something hung or dead, health does not wait for the probes still out (HUNG_GRACE_S)
 CHAT_LIMIT_S = 120
-
-
-def _counters(s: Session, ep: Endpoint, engine: Engine) -> tuple[dict | None, str, float]:
-    """The engine's token counters from /metrics (None when it did not answer), its text, and when."""
-    code, _, text = _curl(s, ep, "/metrics", timeout=10)
-    when = time.time()
-    if code != 200:
-        return None, "", when
-    m = parse_metrics(text)
-    return ({k: m[k] for k in engine.progress if k in m} or None), text, when
-
-
-def judge_progress(before: dict | None, after: dict | None, reads: tuple[float, float], waited_s: float,
-                   health_ok: bool) -> tuple[str, str]:
-    """(`hung`, `busy`, `cold` or `unknown`, the evidence) for an engine that gave the probe no token in waited_s:
-    hung only on evidence read twice (both /metrics samples at the times `reads`, the same token
-    counters, not all 0) while /health answers; `cold` is an engine whose counters are still 0 (its first
-    step not done)."""
-    def shown(c):
-        return ", ".join(f"{k.split(':')[-1]} {v:,.0f}" for k, v in c.items())
-    if before is None or after is None or set(before) != set(after):
-        return "unknown", "its token counters could not be read twice from /metrics"
-    at = " and ".join(time.strftime("%H:%M:%S", time.localtime(t)) for t in reads)
-    if after == before and health_ok and not any(after.values()):
-        return "cold", (f"no answer in {waited_s:.0f} s from an engine that has made no token since it started "
-                        f"({shown(after)} at {at}): its first step may still be running")
-    if after == before:
-        return ("hung" if health_ok else "unknown",
-                f"no token for the probe in {waited_s:.0f} s and its token counters did not move ({shown(after)} "
-                f"at {at})" + (" while /health answers 200" if health_ok else ""))
-    moved = {k.split(":")[-1]: after[k] - before[k] for k in after if after[k] != before[k]}
-    return "busy", (f"no answer in {waited_s:.0f} s, but it made progress between {at} ("
-                    + ", ".join(f"{k} +{v:,.0f}" for k, v in moved.items()) + ")")
+HUNG_GRACE_S = 3
 
 
 def _api_probes(s: Session, ep: Endpoint, engine: Engine) -> tuple[list[Probe], dict]:
     probes: list[Probe] = []
     metrics: dict = {}
     served = ep.model
-    before, _, t0 = _counters(s, ep, engine)
     code, ms, text = _curl(s, ep, "/health", timeout=10)
-    health_ok = code == 200
-    probes.append(Probe("/health", health_ok, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms))
+    probes.append(Probe("/health", code == 200, f"HTTP {code}" if code else f"no answer: {text[:120]}", ms))
     code, ms, text = _curl(s, ep, "/v1/models", timeout=10)
     try:
         ids = [m["id"] for m in json.loads(text).get("data", [])] if code == 200 else []
@@ -346,16 +338,7 @@ def _api_probes(s: Session, ep: Endpoint, engine: Engine) -> tuple[list[Probe], 
                         (f"HTTP {code}; serves {', '.join(ids) or 'nothing'}" if code else f"no answer: {text[:120]}")
                         + ("" if served in ids else f" (expected {served})"), ms))
     body = CHAT_PROBE | {"model": served}
-    hung_after = int(s.host.vars.get("vllm_hung_after_s", 20))
-    code, ms, text = _curl(s, ep, "/v1/chat/completions", body, timeout=hung_after)
-    if code == 0:  # no answer yet: did the engine move at all?
-        after, _, t1 = _counters(s, ep, engine)
-        verdict, evidence = judge_progress(before, after, (t0, t1), ms / 1000, health_ok)
-        if verdict in ("busy", "cold"):
-            code, more, text = _curl(s, ep, "/v1/chat/completions", body, timeout=CHAT_LIMIT_S - hung_after)
-            ms += more
-        else:
-            probes.append(Probe("progress", False, f"{verdict}: {evidence}" if verdict == "hung" else evidence))
+    code, ms, text = _curl(s, ep, "/v1/chat/completions", body, timeout=CHAT_LIMIT_S)
     ok, detail = judge_answer(code, text)
     probes.append(Probe("chat completion", ok, detail, ms))
     code, ms, text = _curl(s, ep, "/metrics", timeout=10)
@@ -414,12 +397,27 @@ def health_report(ranks: list, probes: list, metrics: dict, endpoint_host: str) 
         ev = f"{p.name}" + (f" in {p.ms:.0f} ms" if p.ms else "")
         checks.append(CheckResult(endpoint_host, _slug(p.name), PASS if p.ok else FAIL, p.detail, ev,
                                   "" if p.ok else f"inv status, then inv logs --rank {endpoint_host} --lines 50"))
+    checks += hung_checks(metrics.get("hung", []))
     if "canary" in metrics:
         from .canary import Verdict, checks as canary_checks
         c = metrics["canary"]
         checks += canary_checks([Verdict(**v) for v in c["verdicts"]], c["mode"] == "record")
     return Report(checks, {"ranks": [asdict(r) for r in ranks], "probes": [asdict(p) for p in probes],
                            "metrics": metrics})
+
+
+def hung_checks(verdicts: list[dict]) -> list[CheckResult]:
+    """A `hung` check per engine process group judged (railyard.checks.hang): pass on evidence that it moves or
+    idles, fail when hung or dead, warn when its evidence could not be read (never a pass)."""
+    out = []
+    for v in verdicts:
+        status = {"ok": PASS, "hung": FAIL, "dead": FAIL}.get(v["state"], WARN)
+        hint = ("" if status == PASS else
+                "inv hang-dump shows where each rank waits; inv recover kills and restarts it" if v["state"] == "hung"
+                else "inv recover restarts it" if v["state"] == "dead" else "inv status; inv preflight")
+        out.append(CheckResult(v["host"], "hung", status, f"{v['target']}: {v['state']}: " + "; ".join(v["evidence"]),
+                               v["source"], hint))
+    return out
 
 
 def verdict_checks(verdicts: list, host_of=host_of) -> list[CheckResult]:

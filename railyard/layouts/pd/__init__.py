@@ -149,10 +149,10 @@ class Pd(Layout, name="pd"):
         from .verify import nixl_report
         return nixl_report(verdicts)
 
-    def recovery(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None) -> Any:
+    def recovery(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None, found: Any) -> Any:
         """One instance alone, or the proxy alone; otherwise the group path (railyard.layouts.pd.recover)."""
         from .recover import survey
-        return survey(plan, runner, target)
+        return survey(plan, runner, target, found.verdicts)
 
     def restore(self, inv: Inventory, runner: Runner, plan: LaunchPlan, rec: Any, timeout: float,
                 drain_timeout: float, show: Any) -> Any:

@@ -29,6 +29,7 @@ import time
 
 from ...apply.executor import Show
 from ...apply.recover import Recovery, start_alone, take_down
+from ...checks.hang import Verdict, fold
 from ...checks.health import RankHealth
 from ...errors import LaunchError, UsageError
 from ...facts.docker import inspect
@@ -87,7 +88,8 @@ def decide(plan: LaunchPlan, healths: list[RankHealth], reached: dict[str, bool]
     steps = []
     for s in svcs:
         running = s.name in by_name and by_name[s.name].state == "running"
-        steps += ([f"kill {s.name} (a stopped process never sees SIGTERM)"] if s.name in hung else
+        steps += ([f"kill {s.name} (hung: it never finishes what it waits in; a stopped process never sees SIGTERM)"]
+                  if s.name in hung else
                   [f"stop {s.name}"] if running else [])
         steps += [f"wait until the proxy's health check lists {s.name} unhealthy",
                   f"start {s.name} alone and gate it (startup, KV cache, /health)",
@@ -98,10 +100,11 @@ def decide(plan: LaunchPlan, healths: list[RankHealth], reached: dict[str, bool]
     return Recovery("instance", names_bad, why, steps, hung=hung, title=TITLE)
 
 
-def survey(plan: LaunchPlan, runner: Runner, target: str | None) -> Recovery | None:
+def survey(plan: LaunchPlan, runner: Runner, target: str | None, verdicts: list[Verdict]) -> Recovery | None:
+    """Every service's health with the shared hung verdict folded in (railyard.checks.hang); then decide."""
     from ...verbs.verify import service_health
     got = runner.each(lambda s: [service_health(s, svc) for svc in plan.on_host(s.host.name)])
-    healths = [h for rows in got.ok.values() for h in rows]
+    healths = fold([h for rows in got.ok.values() for h in rows], verdicts)
     return decide(plan, healths, {h: h in got.ok for h in plan.report_hosts()}, target)
 
 

@@ -53,10 +53,10 @@ class Replicas(Layout, name="replicas"):
         """Each replica directly, then the router: a wrong replica is named, and what users get is judged."""
         return [Endpoint.of(x, plan.endpoint.model) for x in plan.services() if x.role == "replica"] + [plan.endpoint]
 
-    def recovery(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None) -> Any:
+    def recovery(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None, found: Any) -> Any:
         """A crashed, hung or named replica: the short or the long path (railyard.layouts.replicas.recover)."""
         from .recover import survey
-        return survey(plan, runner, target)[0]
+        return survey(plan, runner, target, found.verdicts)[0]
 
     def restore(self, inv: Inventory, runner: Runner, plan: LaunchPlan, rec: Any, timeout: float,
                 drain_timeout: float, show: Any) -> Any:

@@ -37,6 +37,7 @@ from ...facts.docker import inspect
 from ...transport.http import parse_metrics, request
 from ...apply.executor import Show
 from ...apply.recover import Recovery, start_alone, take_down
+from ...checks.hang import Verdict
 from ...inventory import Inventory
 
 DRAIN_FILE = "drained"
@@ -174,12 +175,13 @@ class ReplicaView:
     status: str
     foreign: list[Holder] = field(default_factory=list)
     stopped: list[Holder] = field(default_factory=list)  # its own GPU processes that are stopped: hung
+    hung: list[str] = field(default_factory=list)        # the shared hung verdict's evidence (railyard.checks.hang)
 
 
 TITLES = {"short": "short path: restart the replica alone", "long": "long path: restart LMCache and every replica"}
 
 
-def _views(s: Session, plan: LaunchPlan, state: GpuState) -> list[ReplicaView]:
+def _views(s: Session, plan: LaunchPlan, state: GpuState, verdicts: list[Verdict]) -> list[ReplicaView]:
     out = []
     for svc in (x for x in plan.services() if x.role == "replica"):
         c = inspect(s, svc.spec.name)
@@ -188,7 +190,10 @@ def _views(s: Session, plan: LaunchPlan, state: GpuState) -> list[ReplicaView]:
         if c.exists and not c.running:
             status += f" (exit code {c.exit_code})"
         own = [h for h in state.holders if h.container == svc.spec.name and h.state.startswith("T")]
-        out.append(ReplicaView(svc, c.running, code == 200, status, foreign_holders(state, svc), own if c.running else []))
+        hung = [f"{v.state}: {'; '.join(v.evidence)}" for v in verdicts if v.service == svc.name and v.bad
+                and v.source != "container"]
+        out.append(ReplicaView(svc, c.running, code == 200, status, foreign_holders(state, svc), own if c.running else [],
+                               hung if c.running else []))
     return out
 
 
@@ -201,13 +206,14 @@ def decide(plan: LaunchPlan, views: list[ReplicaView], state: GpuState, which: s
     if which is not None:
         targets = [v for v in views if v.service.name == which]
     else:
-        targets = [v for v in views if not (v.running and v.healthy and not v.stopped)]
+        targets = [v for v in views if not (v.running and v.healthy and not v.stopped and not v.hung)]
     if not targets:
         return Recovery("none", [], [f"every replica runs and answers /health ({', '.join(names)})"], [])
     why = []
     for v in targets:
         state_line = (f"is hung: {v.stopped[0].name} (pid {v.stopped[0].pid}) on its GPU is stopped (state "
                       f"{v.stopped[0].state}), whatever /health answers" if v.stopped else
+                      f"is {v.hung[0]}, whatever /health answers" if v.hung else
                       "runs and answers /health: a planned restart" if v.running and v.healthy else
                       f"is {v.status}" if not v.running else "runs but /health does not answer")
         why.append(f"{v.service.name} {state_line}")
@@ -238,8 +244,8 @@ def decide(plan: LaunchPlan, views: list[ReplicaView], state: GpuState, which: s
     for v in targets:
         n = v.service.name
         steps += [f"take {n} out of routing (railyard's drain list in the router)"]
-        if v.stopped:
-            steps += [f"kill {n} (a stopped process never sees SIGTERM; its requests in flight never finish)"]
+        if v.stopped or v.hung:
+            steps += [f"kill {n} (hung: its requests in flight never finish; a stopped process never sees SIGTERM)"]
         elif v.running:
             steps += [f"wait for {n}'s requests in flight", f"stop {n}"]
         steps += [f"check free GPU memory on {n}'s GPUs >= gpu_memory_utilization x total",
@@ -248,13 +254,14 @@ def decide(plan: LaunchPlan, views: list[ReplicaView], state: GpuState, which: s
     if crashed:
         why.append(f"{', '.join(v.service.name for v in crashed)}: its GPUs hold no other process")
     return Recovery("short", [v.service.name for v in targets], why, steps,
-                    hung=[v.service.name for v in targets if v.stopped], title=TITLES["short"])
+                    hung=[v.service.name for v in targets if v.stopped or v.hung], title=TITLES["short"])
 
 
-def survey(plan: LaunchPlan, runner: Runner, which: str | None) -> tuple[Recovery, GpuState]:
+def survey(plan: LaunchPlan, runner: Runner, which: str | None, verdicts: list[Verdict]) -> tuple[Recovery, GpuState]:
+    """Who holds each GPU and each replica's state, with the shared hung verdict (railyard.checks.hang); then decide."""
     s = runner.session(plan.endpoint.host)
     state = gpu_state(s)
-    return decide(plan, _views(s, plan, state), state, which), state
+    return decide(plan, _views(s, plan, state, verdicts), state, which), state
 
 
 def _wait_idle(s: Session, svc: Service, model: str, timeout: float) -> str:
