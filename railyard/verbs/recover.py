@@ -1,12 +1,15 @@
 """`inv recover`: look at the deployment, choose a path, check the restart budget, and unless it is a dry
 run take the path under the operator lock and record it (railyard.apply.recover: the Recovery, the
-budget, the record). A layout with a recovery of its own brings it (its `recovery` and `restore`
-hooks: replicas restarts one replica alone); every other takes the group path:
+budget, the record). The look is the shared hung verdict (railyard.verbs.hung, the one `inv health`
+shows) beside each service's container and GPUs. A layout with a recovery of its own brings it (its
+`recovery` and `restore` hooks: replicas restarts one replica alone, pd one instance); every other takes
+the group path:
 
-    group path   a service of the plan is dead (its container not running, or no serving process on
-                 its GPUs) or hung (a serving process stopped): the whole plan goes down, the head
-                 first, a hung service killed (a stopped process never sees SIGTERM), the checkpoint
-                 is compared on every host (names and sizes against the first host's), then every
+    group path   a service of the plan is dead (its container not running, its API process gone, or no
+                 serving process on its GPUs) or hung (a process stopped, a probe held while its
+                 counters stand still, its engine's own hang lines): the whole plan goes down, the head
+                 first, a hung service killed (it never finishes what it waits in), the checkpoint
+                 is compared on every host (by content against the first host's), then every
                  stage starts in order and is gated as `inv start` gates it (the workers before the
                  head, whose gate waits for them), the layout's final gate last. A rank of a
                  tensor-parallel group cannot rejoin a running group: the group restarts whole.
@@ -29,7 +32,7 @@ from ..plan import layout as layouts
 from ..plan.spec import LaunchPlan
 from ..transport.runner import Runner
 from .serve import build_plan
-from .sync import diff, manifests
+from .sync import checkpoint_differs
 from .hung import Survey, survey
 from .verify import service_health
 
@@ -90,7 +93,8 @@ def decide_group(plan: LaunchPlan, healths: list, host_reached: dict[str, bool])
              + (f"; kill {', '.join(hung)} (a hung rank never finishes its collective, a stopped process never sees "
                 "SIGTERM)" if hung else "")]
     if len(hosts) > 1:
-        steps.append(f"compare the checkpoint on {', '.join(hosts[1:])} with {hosts[0]}'s (names and sizes)")
+        steps.append(f"compare the checkpoint on {', '.join(hosts[1:])} with {hosts[0]}'s (by content; the digest "
+                     "cache makes an unchanged tree a stat pass)")
     steps += [f"start {', '.join(s.name for s in st.services)} and gate it ({st.wait})" for st in plan.stages]
     return Recovery("group", names, why, steps, hung=hung)
 
@@ -103,26 +107,6 @@ def survey_group(plan: LaunchPlan, runner: Runner, found: Survey) -> Recovery:
     return decide_group(plan, healths, {h: h in got.ok for h in plan.report_hosts()})
 
 
-def _checkpoints_equal(inv: Inventory, runner: Runner, plan: LaunchPlan) -> str:
-    """'' when every host holds the first host's checkpoint (names and sizes), else why not."""
-    hosts = [inv.host(h) for h in dict.fromkeys(s.host for s in plan.by_rank())]
-    if len(hosts) < 2:
-        return ""
-    v = hosts[0].vars
-    got = manifests(runner, hosts, v, "size", False)
-    first = got[hosts[0].name]
-    out = []
-    for h in hosts:
-        m = got[h.name]
-        if m.error or not m.exists:
-            out.append(f"{h.name}: {m.error or 'no checkpoint at ' + str(v['model_path'])}")
-        elif h is not hosts[0]:
-            d = diff(first, m, "size")
-            if d:
-                out.append(f"{h.name}: {len(d)} file(s) differ from {hosts[0].name}'s, first {d[0].path}")
-    return "; ".join(out)
-
-
 def restore_group(inv: Inventory, runner: Runner, plan: LaunchPlan, rec: Recovery, timeout: float,
                   show: Show | None) -> Recovery:
     try:
@@ -130,12 +114,12 @@ def restore_group(inv: Inventory, runner: Runner, plan: LaunchPlan, rec: Recover
             s = runner.session(svc.host)
             if inspect(s, svc.spec.name).running:
                 take_down(s, svc, rec)
-        differs = _checkpoints_equal(inv, runner, plan)
+        differs = checkpoint_differs(inv, runner, plan)
         if differs:
             raise LaunchError(f"the checkpoint differs between hosts ({differs}): nothing started; "
                               "inv sync-model --repair, then inv start")
         if len({s.host for s in plan.by_rank()}) > 1:
-            rec.done.append("the checkpoint is the same on every host (names and sizes)")
+            rec.done.append("the checkpoint is the same on every host (by content)")
         rep = ops.start(plan, runner, timeout, show)
         rec.report = rep
         if rep.failure:
