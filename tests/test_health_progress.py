@@ -251,3 +251,45 @@ def test_the_state_of_each_gpu_process_is_read_after_its_name_whatever_the_name_
             p.kill()
             p.wait()
 
+
+
+def test_watch_recover_recovers_what_the_verdict_calls_hung_then_stops_at_the_budget_with_one_line(monkeypatch, capsys):
+    """`inv health --watch S --recover`: a hung look is recovered with no command typed; a crash loop spends the
+    restart budget, and the watch stops acting, says so in one line and exits 1 (a pager's turn)."""
+    from railyard import cli
+    from railyard.apply.recover import Recovery
+    from railyard.cli import verify as health_cli
+    from railyard.verbs import recover as recover_verb
+    from railyard.verbs.verify import health_report
+
+    def look(hung_b: bool):
+        a = RankHealth("A", 0, "head", "running", 60.0, 1000, "VLLM::Worker_TP0", True, [])
+        verdict = Verdict("B", "worker-1", "worker-1 (rank 1)", "hung" if hung_b else "ok",
+                          ["its probe got no token in 21 s ..."], "counters")
+        metrics = {"hung": [verdict.as_dict()]}
+        return None, [a], [], metrics, health_report([a], [], metrics, "A")
+
+    class Plan:
+        deployment, endpoint = "glm53-full", type("E", (), {"host": "A"})()
+
+    looks = iter([look(False), look(True), look(False), look(True)])
+    recoveries = iter([Recovery("group", ["head", "worker-1"], ["worker-1 on B: hung"], []),
+                       Recovery("budget", [], ["worker-1 on B: hung"], [], failure="restart budget spent: worker-1 was "
+                                "restarted 3 times in the last 30 min (budget 3; last 12 s ago)")])
+    asked = []
+    monkeypatch.setattr(cli, "load_inventory", lambda *a: None)
+    monkeypatch.setattr(health_cli, "_health_look", lambda inv: next(looks))
+    monkeypatch.setattr(health_cli, "_health_view", lambda *a: print("THE WHOLE VIEW"))
+    monkeypatch.setattr(recover_verb, "recover", lambda *a: (asked.append(a), (Plan(), next(recoveries)))[1])
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    import invoke
+    try:
+        health_cli.health(watch=5, recover=True)
+        raise AssertionError("the watch went on past the budget")
+    except invoke.exceptions.Exit as e:
+        assert e.code == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(asked) == 2                                   # a look that is healthy recovers nothing
+    assert any(re.fullmatch(r"\d\d:\d\d:\d\d recover: group path: .*: head, worker-1: recovered", ln) for ln in out), out
+    assert re.fullmatch(r"\d\d:\d\d:\d\d health --watch --recover: stopped acting: restart budget spent: worker-1 was "
+                        r"restarted 3 times .*", out[-1]), out[-1]

@@ -128,13 +128,16 @@ def _health_view(plan, ranks, probes, metrics, report) -> int:
 
 
 @rtask(help={"watch": "repeat every N seconds as a live view",
+             "recover": "with --watch: recover what the hung verdict calls dead or hung, on every look, within the "
+                        "restart budget; past it, stop and exit 1 with one line (a pager's or a person's turn)",
              "cache-proof": "replicas layout: one long new prompt to r0, then to r1; r1 must reuse r0's KV from LMCache",
              "proof-words": "length of that prompt in words (default 16384, or half the engine's max_model_len when "
                             "shorter)",
              "canary": "ask every engine (each replica, and the router) fixed prompts at temperature 0 and fail one "
                        "whose answers differ from the record; `--canary record` keeps this deployment's answers"},
        numbers={"watch": float, "proof_words": int}, optional=("canary",))
-def health(inventory=None, json=False, watch=None, cache_proof=False, proof_words=None, canary=None, set_=None):
+def health(inventory=None, json=False, watch=None, cache_proof=False, proof_words=None, canary=None, recover=False,
+           set_=None):
     """Services up and on their GPUs; the endpoint's /health, /v1/models, a real chat completion, /metrics."""
     proof = 0
     if cache_proof:
@@ -145,6 +148,8 @@ def health(inventory=None, json=False, watch=None, cache_proof=False, proof_word
                          "keeps them")
     if canary and watch:
         raise UsageError("--canary with --watch: ask the canary once (inv health --canary), watch without it")
+    if recover and not watch:
+        raise UsageError("--recover: only with --watch S (once: inv recover)")
     inv = load(inventory, set_)
     if not watch:
         return _health_once(inv, json, cache_proof=proof,
@@ -172,7 +177,36 @@ def health(inventory=None, json=False, watch=None, cache_proof=False, proof_word
                         console().print(f"{stamp} {c.host} {c.check}: {was.status if was else '-'} -> "
                                         f"{got.status if got else 'gone'}: {c.detail}", soft_wrap=True, markup=False)
         seen = now
+        if recover and _needs_recovery(report):
+            code = _recover_tick(inv, json)
+            if code is not None:
+                return code
+            seen = None   # the next look is printed whole: what the recovery left
         time.sleep(watch)
+
+
+def _needs_recovery(report) -> bool:
+    """What the shared hung verdict calls dead or hung, or a service not running on its GPUs."""
+    return any(c.status == "fail" and c.check in ("hung", "service") for c in report.checks)
+
+
+def _recover_tick(inv, json_out: bool) -> int | None:
+    """One `inv recover` from the watch: None to go on watching; past the restart budget, 1 after one line."""
+    from ..verbs.recover import recover as run
+    plan, rec = run(inv, None, False, None, 300.0, None)
+    stamp = time.strftime("%H:%M:%S")
+    if json_out:
+        rec.as_report(plan, False).print_json(None)
+    elif rec.path != "none":
+        console().print(f"{stamp} recover: {rec.describe()}: {', '.join(rec.services) or '-'}: "
+                        + (f"FAILED: {rec.failure}" if rec.failure else "; ".join(rec.why) if not rec.ok else
+                           "recovered"), soft_wrap=True, markup=False)
+    if rec.path == "budget":
+        if not json_out:
+            console().print(f"{stamp} health --watch --recover: stopped acting: {rec.failure}", soft_wrap=True,
+                            markup=False)
+        return 1
+    return None
 
 
 @rtask(help={"replica": "restart this service even if healthy, a planned restart: a replica (r0, r1, ...), an "
