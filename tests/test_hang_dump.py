@@ -406,3 +406,16 @@ def test_without_the_shared_verdict_hang_dump_says_so_in_one_line(monkeypatch):
     monkeypatch.setattr(importlib, "import_module", missing)
     with pytest.raises(RailyardError, match="the shared hung verdict is not here"):
         H.survey(None, None, None)
+
+
+def test_a_tie_of_two_ranks_is_broken_by_the_engine_core_that_waits_with_one_side():
+    """The lab's stand-in on the two stations, read by hang-dump (engine-stall on B): the idle worker and the
+    engine core wait in the same loop, the parked rank alone in its handler; a majority of ranks is never
+    outvoted."""
+    loop, parked = S.Frame("spawn", "vllm:353", True), S.Frame("spawn.<locals>.lab_fault_engine_stall", "vllm:335", True)
+    g = S.group_ranks([("A/head pid 18601 VLLM::Worker_TP", loop), ("B/worker-1 pid 18600 VLLM::Worker_TP", parked)],
+                      [loop])
+    assert [o.members for o in g.outliers] == [["B/worker-1 pid 18600 VLLM::Worker_TP"]]
+    g = S.group_ranks([("a", loop), ("b", loop), ("c", parked)], [parked, parked, parked])
+    assert [o.members for o in g.outliers] == [["c"]]
+    assert S.parse_py_spy('Thread 1 (idle): "MainThread"\n    spawn (vllm:353)\n').threads[0].frames[0].python

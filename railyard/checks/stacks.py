@@ -15,6 +15,7 @@ import pickle
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 # ---------------------------------------------------------------- stacks
 
@@ -59,7 +60,8 @@ _SPY_FRAME = re.compile(r"^\s+(.+?) \(([^()]*)\)\s*$")
 
 
 def _frame(func: str, where: str) -> Frame:
-    return Frame(func, where, bool(re.search(r"\.py[cw]?:\d+$", where)))
+    """py-spy gives a Python frame `file:line` (a script without .py too: `vllm:335`), a native one its library."""
+    return Frame(func, where, bool(re.search(r":\d+$", where)))
 
 
 def parse_py_spy(text: str) -> Stack:
@@ -164,10 +166,13 @@ class Grouping:
         return "; ".join(parts)
 
 
-def group_ranks(ranks: list[tuple[str, Frame | None]]) -> Grouping:
+def group_ranks(ranks: list[tuple[str, Frame | None]], others: Sequence[Frame | None] = ()) -> Grouping:
     """Ranks by the frame they wait in; the outliers: the groups of fewest ranks when the others agree (one
-    larger group), or, where the sizes tie, the groups outside a collective while the rest wait in one (rank 1
-    sleeps while rank 0 waits in its all-reduce)."""
+    larger group). Where the largest sizes tie (two ranks, one each), `others` (the deployment's other engine
+    processes: its engine cores) break it, each on the side whose frame it shares (the stand-in's idle worker
+    and its engine core wait in the same loop, the parked rank alone elsewhere); still tied, the groups outside
+    a collective while the rest wait in one are the odd ones (rank 1 sleeps while rank 0 waits in its
+    all-reduce)."""
     by: dict[str, list[str]] = {}
     missing = []
     for who, f in ranks:
@@ -178,10 +183,12 @@ def group_ranks(ranks: list[tuple[str, Frame | None]]) -> Grouping:
     groups = sorted((Group(k, v) for k, v in by.items()), key=lambda g: -len(g.members))
     outliers: list[Group] = []
     if len(groups) > 1:
-        sizes = Counter(len(g.members) for g in groups)
-        biggest = len(groups[0].members)
-        if sizes[biggest] == 1:
-            outliers = groups[1:]
+        votes = Counter(str(f) for f in others if f is not None)
+        weight = {g.frame: (len(g.members), votes[g.frame]) for g in groups}  # the ranks first, votes break ties
+        biggest = max(weight.values())
+        top = [g for g in groups if weight[g.frame] == biggest]
+        if len(top) == 1:
+            outliers = [g for g in groups if g is not top[0]]
         else:
             waiting = [g for g in groups if in_collective(g.frame)]
             if waiting and len(waiting) < len(groups):

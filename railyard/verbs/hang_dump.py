@@ -514,8 +514,13 @@ def _frame_of(p: ProcDump) -> Frame | None:
 
 
 def summary(hosts: list[HostDump]) -> dict:
-    """The ranks grouped by the frame their main thread waits in, the outliers named, as data and one line."""
-    g = group_ranks([(w, f) for w, f, _ in ranks_of(hosts)])
+    """The ranks grouped by the frame their main thread waits in, the outliers named, as data and one line; the
+    engine cores (where the workers are the ranks) break a tie."""
+    ranks = ranks_of(hosts)
+    kinds = {p.kind for _, _, p in ranks}
+    cores = [_frame_of(p) for h in hosts for sd in h.services for p in sd.processes
+             if p.kind == "engine" and "engine" not in kinds]
+    g = group_ranks([(w, f) for w, f, _ in ranks], cores)
     return {"line": g.line(), "groups": [asdict(x) for x in g.groups], "outliers": [asdict(x) for x in g.outliers],
             "missing": g.missing}
 
