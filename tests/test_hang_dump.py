@@ -397,17 +397,6 @@ def test_collect_takes_the_hang_dump_only_where_a_service_is_hung(monkeypatch):
         "B/worker-1 pid 7201 VLLM::Worker_TP1"]
 
 
-def test_without_the_shared_verdict_hang_dump_says_so_in_one_line(monkeypatch):
-    import importlib
-    from railyard.errors import RailyardError
-
-    def missing(name):
-        raise ModuleNotFoundError(f"No module named {name!r}")
-    monkeypatch.setattr(importlib, "import_module", missing)
-    with pytest.raises(RailyardError, match="the shared hung verdict is not here"):
-        H.survey(None, None, None)
-
-
 def test_a_tie_of_two_ranks_is_broken_by_the_engine_core_that_waits_with_one_side():
     """The lab's stand-in on the two stations, read by hang-dump (engine-stall on B): the idle worker and the
     engine core wait in the same loop, the parked rank alone in its handler; a majority of ranks is never

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib
-import inspect
 import json
 import platform
 import re
@@ -34,9 +32,10 @@ import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..checks import FAIL, PASS, WARN, CheckResult
+from ..checks.hang import Verdict
 from ..checks.stacks import (Frame, Stack, flight_record, group_ranks, load_flight_recorder, parse_gdb, parse_py_spy,
                              parse_ras_status, waiting_frame)
 from ..errors import RailyardError
@@ -58,25 +57,10 @@ FR_MAX_BYTES = 8 << 20
 _STAMP = re.compile(r"^\d{8}T\d{6}Z\.json$")
 
 
-class Verdict(Protocol):
-    """railyard.checks.hang.Verdict, as hang-dump reads it."""
-    host: str
-    service: str
-    target: str
-    state: str                # ok | hung | dead | unknown
-    evidence: list[str]
-
-
 def survey(inv: Inventory, runner: Runner, plan: LaunchPlan) -> list[Verdict]:
-    """The shared hung verdict (railyard.verbs.hung.survey, written beside this module: looked up when it is
-    called, whether it takes the inventory or not, and answers a list or a Survey of verdicts)."""
-    try:
-        hung: Any = importlib.import_module("railyard.verbs.hung")
-    except ImportError as e:
-        raise RailyardError(f"the shared hung verdict is not here ({e})") from None
-    params = list(inspect.signature(hung.survey).parameters)
-    got = hung.survey(inv, runner, plan) if params and params[0] == "inv" else hung.survey(runner, plan)
-    return list(getattr(got, "verdicts", got))
+    """The shared hung verdict (railyard.verbs.hung, as health and recover read it)."""
+    from .hung import survey as shared
+    return list(shared(runner, plan).verdicts)
 
 
 # ---------------------------------------------------------------- the processes (pure)
