@@ -75,6 +75,12 @@ def serving(stations):
     remove_containers(NAME)
 
 
+LONG = ("K=$(docker exec glm53-full cat /run/secrets/vllm-api-key); "
+        "curl -s -N -m 60 -o /dev/null -H 'content-type: application/json' -H \"Authorization: Bearer $K\" "
+        "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 20000, "
+        "\"ignore_eos\": true, \"stream\": true}' http://127.0.0.1:8000/v1/chat/completions")
+
+
 def test_a_stalled_rank_runs_on_while_its_group_waits_for_it(serving):
     assert on("A", CHAT.format(t=20, port=PORT)).stdout == "200"          # serving before the fault
     out = faults.fault("B", "engine-stall")
@@ -82,12 +88,14 @@ def test_a_stalled_rank_runs_on_while_its_group_waits_for_it(serving):
     pid = int(re.search(r"pid (\d+)", out).group(1))
     time.sleep(1)
     before = metrics("A", PORT)
-    # a request is accepted and never answered: curl gives up (no status), the engine holds it as running
+    # a request is accepted and never answered: curl gives up (no status)
     assert on("A", CHAT.format(t=6, port=PORT)).stdout == "000"
     during = metrics("A", PORT)
-    assert during[("vllm:num_requests_running", "0")] >= 1, during
     assert all(during[(k, "0")] == before[(k, "0")] for k in TOKENS), (before, during)
-    # every process runs on: none stopped (T), the stalled worker asleep in the lab's function
+    # sent to an idle engine, the request shows neither running nor waiting: the engine core is stuck in the
+    # step that would have published it (the real engine in the lab showed running 0, waiting 0)
+    assert during[("vllm:num_requests_running", "0")] == 0 and during[("vllm:num_requests_waiting", "0")] == 0
+    # every process runs on: none stopped (T)
     for host in ("A", "B"):
         st = states(host)
         assert st and all(s in "SR" for s in st.values()), (host, st)
@@ -95,15 +103,40 @@ def test_a_stalled_rank_runs_on_while_its_group_waits_for_it(serving):
     assert on("A", f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{PORT}/health").stdout == "200"
     time.sleep(2)
     assert all(metrics("A", PORT)[(k, "0")] == before[(k, "0")] for k in TOKENS)
-    # a rank given by name: the same worker (rank 1 of the TP group)
     faults.heal()
     assert on("A", CHAT.format(t=20, port=PORT)).stdout == "200"           # released: the group goes on
-    assert re.fullmatch(r"B: engine-stall VLLM::Worker_TP1 \(pid \d+\)", faults.fault("B", "engine-stall", "TP1"))
+
+
+def test_a_stall_under_load_keeps_the_running_request_running(serving):
+    """Under load the last stats the engine published have the request running: they stay so."""
+    import subprocess
+    import railyard_lab as lab_
+    root = lab_.lab_dir()
+    long = subprocess.Popen(lab_.ssh_argv(root, lab_.lab_host(root, "A"), [LONG]), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            if metrics("A", PORT).get(("vllm:num_requests_running", "0"), 0) >= 1:
+                break
+            time.sleep(0.2)
+        out = faults.fault("B", "engine-stall", "TP1")                    # the rank by name: the same worker
+        assert re.fullmatch(r"B: engine-stall VLLM::Worker_TP1 \(pid \d+\)", out), out
+        time.sleep(1)
+        before = metrics("A", PORT)
+        assert on("A", CHAT.format(t=4, port=PORT)).stdout == "000"
+        after = metrics("A", PORT)
+        assert after[("vllm:num_requests_running", "0")] >= 1, after
+        assert all(after[(k, "0")] == before[(k, "0")] for k in TOKENS), (before, after)
+        assert long.poll() is None                                         # the stream waits too
+    finally:
+        long.kill()
+        long.wait()
 
 
 def test_a_stall_on_the_heads_host_and_the_value_forms(serving):
     out = faults.fault("A", "engine-stall", f"{NAME}:TP0")                 # the head's own worker, by name
     assert re.fullmatch(r"A: engine-stall VLLM::Worker_TP0 \(pid \d+\)", out), out
+    time.sleep(1)
     assert on("A", CHAT.format(t=4, port=PORT)).stdout == "000"
     assert all(s in "SR" for s in states("A").values())
     faults.heal()

@@ -1,6 +1,6 @@
 """engine-stall on one DP rank of dp_ep (hgx8, DP=8, the stand-in engine): only that rank's engine waits.
-A request routed to it (X-data-parallel-rank, as vLLM honours it) stays running and unanswered, its
-counters (engine="2") stand still, while the other ranks answer and their counters move: a sum over the
+A request routed to it (X-data-parallel-rank, as vLLM honours it) stays unanswered, its
+series (engine="2") stand still, while the other ranks answer and their counters move: a sum over the
 ranks would hide the stall (issue 43: one hung DP rank of four was masked)."""
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def test_one_stalled_dp_rank_stops_only_its_own_counters(dp_ep):
     time.sleep(1)
     after = metrics("A", port)
     gen = "vllm:generation_tokens_total"
-    assert after[("vllm:num_requests_running", "2")] >= 1, after
+    # stuck in the step that would have published it, rank 2 keeps its last stats (idle), as the real engine does
+    assert after[("vllm:num_requests_running", "2")] == before[("vllm:num_requests_running", "2")] == 0, after
     assert after[(gen, "2")] == before[(gen, "2")] and after[("vllm:prompt_tokens_total", "2")] == \
         before[("vllm:prompt_tokens_total", "2")]
     assert all(after[(gen, str(r))] > before[(gen, str(r))] for r in (0, 1, 3)), (before, after)

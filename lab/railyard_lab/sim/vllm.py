@@ -379,11 +379,62 @@ def rank_stalled(dp):
     return False
 
 
+# vLLM's reader-side wait line (vllm/distributed/device_communicators/shm_broadcast.py, LONG_WAIT_TIME_LOG_MSG,
+# logged at INFO from acquire_read, line 871 in 0.32): the engine core waiting on its workers' answer to a step,
+# every VLLM_RINGBUFFER_WARNING_INTERVAL seconds (60) of that wait. Seen on the real engine in the lab with
+# engine-stall (B's Worker_TP1 parked, one request sent): `(EngineCore pid=N) INFO ... [shm_broadcast.py:871]`
+# 60 s after the request.
+LONG_WAIT = ("No available shared memory broadcast block found in {} seconds. This typically happens when some "
+             "processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
+             "quantization).")
+STEP_WAIT = {}      # DP rank -> [when its engine's stuck step began, warnings logged]
+FROZEN = {}         # DP rank -> its engine's last published stats, while the engine is stuck
+STALL_LOCK = threading.Lock()
+
+
+def _stuck_core(dp):
+    """The engine core of DP rank dp that waits on its workers (a core that is itself parked logs nothing)."""
+    for e in ENGINES:
+        if e["dp_rank"] == dp and e["workers"] and e["pid"] and not STALLED[SLOT_OF.get(e["pid"], 4095)]:
+            return e
+    return None
+
+
 def wait_unstalled(dp):
     """A step of DP rank dp's engine: it waits, without end, for a stalled rank of its group; the request stays
-    running and no token is counted meanwhile (vLLM: the peers sit in the collective, the core in its wait)."""
+    where it was and no token is counted meanwhile (vLLM: the peers sit in the collective, the core in its wait)."""
+    if not rank_stalled(dp):
+        return
+    try:
+        interval = int(os.environ.get("VLLM_RINGBUFFER_WARNING_INTERVAL", "60"))
+    except ValueError:
+        interval = 60
+    with STALL_LOCK:
+        wait = STEP_WAIT.setdefault(dp, [time.monotonic(), 1])
     while rank_stalled(dp):
         time.sleep(0.2)
+        with STALL_LOCK:
+            if time.monotonic() - wait[0] >= interval * wait[1] and STEP_WAIT.get(dp) is wait:
+                wait[1] += 1
+                e = _stuck_core(dp)
+                if e:
+                    log(LONG_WAIT.format(interval), where="shm_broadcast.py:871", who=e["name"], pid=e["pid"])
+    with STALL_LOCK:
+        if STEP_WAIT.get(dp) is wait:
+            del STEP_WAIT[dp]
+
+
+def watch_stalls(stop):
+    """The API's view of a stuck engine: vLLM publishes its scheduler's stats (requests running and waiting)
+    after each step, so while a step waits on a stalled rank /metrics keeps the last ones (a request sent to an
+    idle engine then shows as neither running nor waiting, as on the real engine in the lab)."""
+    while not stop.is_set():
+        for dp, st in enumerate(STATS):
+            if rank_stalled(dp):
+                FROZEN.setdefault(dp, dict(st))
+            else:
+                FROZEN.pop(dp, None)
+        stop.wait(0.1)
 
 
 def watch_own_stall(sock, stop):
@@ -1344,7 +1395,7 @@ def metrics(served):
     for name, kind, help_, key in METRICS:
         out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
         for n, st in enumerate(STATS):
-            v = st[key]
+            v = FROZEN.get(n, st)[key] if key in ("running", "waiting", "kv") else st[key]
             out.append(f'{name}{{engine="{n}",{m}}} {v if isinstance(v, float) else f"{v}.0"}')
     return "\n".join(out) + "\n" + (NIXL[0].metrics(served) if NIXL else "")
 
@@ -1506,6 +1557,7 @@ def main(argv):
                 os._exit(1)
 
     threading.Thread(target=watch_peers, daemon=True).start()
+    threading.Thread(target=watch_stalls, args=(stop,), daemon=True).start()
     httpd.serve_forever()
 
 
