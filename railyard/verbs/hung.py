@@ -32,6 +32,8 @@ from ..transport.runner import Runner
 LOG_GREP = ("Application startup complete", "No available shared memory broadcast block", "RPC call to",
             "Watchdog caught collective operation timeout")
 LOG_LINES = 2000          # of each engine's log, grepped on the host
+# curl's words when nothing listens on the port (exit 7): 8.x "Couldn't connect to server", older "Connection refused"
+CONNECT_ERRORS = ("Failed to connect", "Connection refused", "Couldn't connect")
 METRICS_LIMIT_S = 4       # /metrics answers in milliseconds; an API that does not is judged by its probe
 RECENT_S = 180            # a hang line counts while it is this recent (vLLM repeats it every 60 s while it waits)
 
@@ -171,7 +173,7 @@ def _probe_engine(s: Session, svc: Service, ep: Endpoint, window_s: float) -> Ve
         t.join(window_s + 15)
     after = _metrics(s, ep, engine.progress)
     target = target_of(svc)
-    refused = [a for a in got.values() if a.code == 0 and "refused" in a.text.lower()]
+    refused = [a for a in got.values() if a.code == 0 and any(w in a.text for w in CONNECT_ERRORS)]
     if got and len(refused) == len(got):
         return Verdict(s.host.name, svc.name, target, DEAD,
                        [f"nothing answers on its API port {ep.port} while its container runs (the API process is "

@@ -211,11 +211,19 @@ def main(argv):
     stop = threading.Event()
     threading.Thread(target=layer.watch, args=(proc.pid, stop), daemon=True).start()
     out = sys.stdout.buffer
-    for raw in iter(proc.stdout.readline, b""):
-        out.write(raw)
-        out.flush()
-        layer.line(raw.decode(errors="replace"))
+
+    def pump():
+        for raw in iter(proc.stdout.readline, b""):
+            out.write(raw)
+            out.flush()
+            layer.line(raw.decode(errors="replace"))
+
+    # the real `vllm serve` is the image's main process: when it exits, so does this one (and docker ends the
+    # container with every process left in it), whether or not its engine core and workers still hold its stdout
+    pumping = threading.Thread(target=pump, daemon=True)
+    pumping.start()
     rc = proc.wait()
+    pumping.join(timeout=1.0)
     stop.set()
     time.sleep(0.1)
     sys.exit(rc if rc >= 0 else 128 - rc)
