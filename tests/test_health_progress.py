@@ -144,7 +144,7 @@ def engine_verdict(monkeypatch, metrics, chats, dp=1):
     clock = [T0]
     monkeypatch.setattr(hung.time, "time", lambda: clock[0])
     s = scripted(metrics, chats, clock)
-    return hung._probe_engine(s, svc, plan.endpoint, 20.0), s
+    return hung._probe_engine(s, svc, plan.endpoint, 20.0, []), s
 
 
 def test_an_engine_that_takes_the_probe_and_makes_no_token_is_hung_naming_the_probe(monkeypatch):
@@ -164,7 +164,7 @@ def test_an_engine_that_answers_is_ok_and_one_with_nothing_listening_is_a_dead_a
     _, plan, _ = station_plan()
     s = FakeSession(Host("A", 0, "198.18.0.11", 22, "root", "ssh", "", {}, {}))
     s.on(re.compile(r"."), (7, "\n@@000 0.0 ", refused))
-    v = hung._probe_engine(s, plan.service(plan.endpoint.service), plan.endpoint, 20.0)
+    v = hung._probe_engine(s, plan.service(plan.endpoint.service), plan.endpoint, 20.0, [])
     assert v.state == "dead" and v.source == "api" and "the API process is gone" in v.evidence[0]
 
 
@@ -204,8 +204,8 @@ class _Enough(Exception):
 
 def test_watch_prints_the_first_look_whole_then_a_stamped_line_per_changed_check(monkeypatch, capsys):
     from railyard import cli
-    from railyard.cli import verify as health_cli
-    from railyard.verbs.verify import health_report
+    from railyard.cli import health as health_cli
+    from railyard.verbs.health import health_report
 
     def look(b_hung: bool):
         b = RankHealth("B", 1, "worker-1", "running", 60.0, 1000, "VLLM::Worker_TP1", not b_hung,
@@ -258,9 +258,9 @@ def test_watch_recover_recovers_what_the_verdict_calls_hung_then_stops_at_the_bu
     restart budget, and the watch stops acting, says so in one line and exits 1 (a pager's turn)."""
     from railyard import cli
     from railyard.apply.recover import Recovery
-    from railyard.cli import verify as health_cli
+    from railyard.cli import health as health_cli
     from railyard.verbs import recover as recover_verb
-    from railyard.verbs.verify import health_report
+    from railyard.verbs.health import health_report
 
     def look(hung_b: bool):
         a = RankHealth("A", 0, "head", "running", 60.0, 1000, "VLLM::Worker_TP0", True, [])
@@ -293,3 +293,22 @@ def test_watch_recover_recovers_what_the_verdict_calls_hung_then_stops_at_the_bu
     assert any(re.fullmatch(r"\d\d:\d\d:\d\d recover: group path: .*: head, worker-1: recovered", ln) for ln in out), out
     assert re.fullmatch(r"\d\d:\d\d:\d\d health --watch --recover: stopped acting: restart budget spent: worker-1 was "
                         r"restarted 3 times .*", out[-1]), out[-1]
+
+
+def test_the_engines_own_hang_line_is_a_verdict_only_beside_a_probe_it_did_not_answer(monkeypatch):
+    """A rail that stopped passing traffic for two minutes and came back left the real TP group wedged, its engine
+    core writing vLLM's shm_broadcast line every 60 s; the same line a minute before an engine that answers again
+    (a long compile in steady state) is no verdict of hung."""
+    line = ["shm_broadcast: (EngineCore pid=11404) INFO 12-07 16:34:24 [shm_broadcast.py:871] No available shared "
+            "memory broadcast block found in 60 seconds."]
+    from .test_plan import station_plan
+    _, plan, _ = station_plan()
+    svc = plan.service(plan.endpoint.service)
+    for answer, state in (((0, ""), "hung"), ((200, ANSWER), "ok")):
+        clock = [T0]
+        monkeypatch.setattr(hung.time, "time", lambda: clock[0])
+        s = scripted([busy(0, 0, 0), busy(0, 0, 0)], [answer], clock)
+        v = hung._probe_engine(s, svc, plan.endpoint, 20.0, line)
+        assert v.state == state, v
+        if state == "hung":
+            assert v.source == "log" and v.evidence[0] == "its log: " + line[0]

@@ -35,7 +35,7 @@ LOG_LINES = 2000          # of each engine's log, grepped on the host
 # curl's words when nothing listens on the port (exit 7): 8.x "Couldn't connect to server", older "Connection refused"
 CONNECT_ERRORS = ("Failed to connect", "Connection refused", "Couldn't connect")
 METRICS_LIMIT_S = 4       # /metrics answers in milliseconds; an API that does not is judged by its probe
-RECENT_S = 180            # a hang line counts while it is this recent (vLLM repeats it every 60 s while it waits)
+RECENT_S = 90             # a hang line counts while it is this recent (vLLM repeats it every 60 s while it waits)
 
 
 @dataclass
@@ -138,16 +138,16 @@ def _host_survey(s: Session, plan: LaunchPlan, window_s: float) -> list[Verdict]
                                          [f"container {svc.spec.name} is {status}"], "container")
         elif halted := stopped(mine := tree(procs, main), main):
             verdicts[svc.name] = Verdict(host, svc.name, target, HUNG, [f"stopped: {', '.join(halted)}"], "stopped")
-        elif lines := hang_lines(logs.get(svc.name, ""), now, RECENT_S):
-            verdicts[svc.name] = Verdict(host, svc.name, target, HUNG, [f"its log: {lines[-1]}"] + (
-                [f"and {len(lines) - 1} more such line(s)"] if len(lines) > 1 else []), "log")
-        elif (ep := api_of(plan, svc)) is None:
-            verdicts[svc.name] = Verdict(host, svc.name, target, OK, [f"{len(mine)} process(es) running, none stopped"],
-                                         "processes")
+        elif api_of(plan, svc) is None:   # a headless rank: its processes and its log are all it shows
+            lines = hang_lines(logs.get(svc.name, ""), now, RECENT_S)
+            verdicts[svc.name] = (Verdict(host, svc.name, target, HUNG, said(lines), "log") if lines else
+                                  Verdict(host, svc.name, target, OK, [f"{len(mine)} process(es) running, none "
+                                                                       "stopped"], "processes"))
     open_apis = {svc.name: ep for svc in services if svc.name not in verdicts and (ep := api_of(plan, svc))}
     judged: dict[str, Verdict] = {}
     threads = [threading.Thread(target=lambda n=name, e=ep: judged.__setitem__(n, _probe_engine(
-        s, plan.service(n), e, window_s)), daemon=True) for name, ep in open_apis.items()]
+        s, plan.service(n), e, window_s, hang_lines(logs.get(n, ""), now, RECENT_S))), daemon=True)
+        for name, ep in open_apis.items()]
     for t in threads:
         t.start()
     for t in threads:
@@ -158,8 +158,15 @@ def _host_survey(s: Session, plan: LaunchPlan, window_s: float) -> list[Verdict]
     return [verdicts[svc.name] for svc in services]
 
 
-def _probe_engine(s: Session, svc: Service, ep: Endpoint, window_s: float) -> Verdict:
-    """/metrics, then one probe per DP rank at once (each within window_s), then /metrics again: the verdict."""
+def said(lines: list[str]) -> list[str]:
+    """The engine's own hang lines as evidence: the last one, and how many more."""
+    return [f"its log: {lines[-1]}"] + ([f"and {len(lines) - 1} more such line(s)"] if len(lines) > 1 else [])
+
+
+def _probe_engine(s: Session, svc: Service, ep: Endpoint, window_s: float, lines: list[str]) -> Verdict:
+    """/metrics, then one probe per DP rank at once (each within window_s), then /metrics again: the verdict. The
+    engine's recent hang lines (`lines`) make it hung when a probe gets no answer, as still counters do; an engine
+    that answers every probe is not hung, whatever its log said a minute ago."""
     engine = engines.of(svc)
     assert engine is not None  # api_of gave it an API: it runs an engine
     before = _metrics(s, ep, engine.progress)
@@ -182,6 +189,9 @@ def _probe_engine(s: Session, svc: Service, ep: Endpoint, window_s: float) -> Ve
     judged = judge_engines(before, after, engine.progress, window_s * 0.9, answered)
     many = len(judged) > 1
     hung = {label: why for label, (state, why) in judged.items() if state == HUNG}
+    if lines and not all(answered.values()):
+        return Verdict(s.host.name, svc.name, target, HUNG, said(lines) + [
+            (f"DP rank {label}: " if many else "") + why for label, (_, why) in judged.items()], "log")
     if hung:
         return Verdict(s.host.name, svc.name, target + (f" DP rank {', '.join(hung)}" if many else ""), HUNG,
                        [(f"DP rank {label}: " if many else "") + why for label, why in hung.items()], "counters")
@@ -206,7 +216,7 @@ def survey(runner: Runner, plan: LaunchPlan, window_s: float | None = None) -> S
         verdicts += vs
         for v in vs:
             svc = plan.service(v.service)
-            if v.state == HUNG and v.source == "counters" and svc.group:
+            if v.state == HUNG and v.source in ("counters", "log", "stopped") and svc.group:
                 hung_groups.setdefault(svc.group, v)
     # a rank of a group whose engine does not move waits with it: its own verdict says so, naming the evidence
     for i, v in enumerate(verdicts):
