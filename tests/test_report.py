@@ -9,7 +9,7 @@ import pytest
 from invoke.exceptions import Exit
 
 from railyard import cli
-from railyard.cli import nccl, serve, verify as verify_cli
+from railyard.cli import health as health_cli, nccl, serve, verify as verify_cli
 from railyard import report as R
 from railyard.verbs.capacity import LayoutPlan, Plan, plan_json, plan_report
 from railyard.checks import CheckResult
@@ -19,7 +19,8 @@ from railyard.verbs.nccl_check import CheckReport, SizeResult, nccl_report
 from railyard.verbs.preflight import preflight_report
 from railyard.verbs.serve import status_report
 from railyard.verbs.sync import CopyPlan, Difference, FileInfo, Manifest, SyncReport, TargetResult, sync_report
-from railyard.verbs.verify import health_report, rdma_report
+from railyard.verbs.health import health_report
+from railyard.verbs.verify import rdma_report
 from railyard.checks.health import Probe, RankHealth
 
 CHECK_KEYS = {"host", "check", "status", "detail", "evidence", "hint"}
@@ -301,11 +302,11 @@ def test_status_task_a_failed_check_exits_1_with_one_document(capsys, monkeypatc
 
 
 def test_health_and_verify_tasks(capsys, monkeypatch, no_inventory):
-    from railyard.verbs import verify
+    from railyard.verbs import health, verify
     plan = type("P", (), {"endpoint": type("E", (), {"host": "A", "service": "rank0"})(), "layout": "multinode_tp",
                           "verifiers": ("rdma",), "hosts": lambda self: ["A", "B"]})()
-    monkeypatch.setattr(verify, "health", lambda inv, proof=0, canary="": (plan, *health_data(dead="B")))
-    code, out, _ = run_task(capsys, verify_cli.health, None, True)
+    monkeypatch.setattr(health, "health", lambda inv, proof=0, canary="": (plan, *health_data(dead="B")))
+    code, out, _ = run_task(capsys, health_cli.health, None, True)
     assert code == 1 and json.loads(out)["ok"] is False
     monkeypatch.setattr(verify, "verify_rdma", lambda inv: (plan, [gdr("A"), gdr("B")]))
     code, out, _ = run_task(capsys, verify_cli.verify_rdma, None, None, True)

@@ -17,7 +17,8 @@ GENERIC = ("transport", "facts", "checks", "plan", "render", "apply", "verbs", "
 # a word that is also a layout's name, where it means something else
 NOT_A_LAYOUT = {
     ("render/lws.py", "replicas"): "the Kubernetes field (a LeaderWorkerSet's or a Deployment's replica count)",
-    ("cli/verify.py", "replicas"): "the recover report's field (the replicas it restarted), --cache-proof's help",
+    ("cli/recover.py", "replicas"): "the recover report's field (the replicas it restarted)",
+    ("cli/health.py", "replicas"): "--cache-proof's help",
 }
 # the KV planner (`inv plan`) still compares the two one-host layouts itself: it moves beside them once
 # the model math it shares with the engines lives in railyard/engines

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from railyard.testing import FakeDockerHost
 from railyard.engines import by_name
-from railyard.verbs import verify
+from railyard.verbs import health
 
 from .conftest import real
 from .test_plan import station_plan
@@ -32,31 +32,31 @@ def station(name="B"):
 
 def test_a_running_rank_with_its_process_on_its_gpu_is_healthy():
     _, svc, host = station()
-    h = verify.service_health(host.session, svc)
+    h = health.service_health(host.session, svc)
     assert h.ok and h.state == "running" and h.serving_process == "VLLM::Worker_TP1" and h.gpu_used_mib == 60000
 
 
 def test_a_rank_whose_container_died_is_named_with_its_state():
     _, svc, host = station()
     host.kill(NAME, 137)
-    h = verify.service_health(host.session, svc)
+    h = health.service_health(host.session, svc)
     assert not h.ok and h.reasons == ["container glm53-full is exited"] and h.state == "exited"
     host.session.run(f"docker rm -f {NAME}")
-    assert verify.service_health(host.session, svc).reasons == ["container glm53-full is missing"]
+    assert health.service_health(host.session, svc).reasons == ["container glm53-full is missing"]
 
 
 def test_a_stopped_serving_process_is_hung_named_with_its_pid_and_state():
     _, svc, host = station()
     p = host.gpu_procs[0]
     p.state = "T"
-    h = verify.service_health(host.session, svc)
+    h = health.service_health(host.session, svc)
     assert not h.ok and h.reasons == [f"hung: VLLM::Worker_TP1 (pid {p.pid}) is stopped (state T in /proc/{p.pid}/stat)"]
 
 
 def test_a_running_container_with_nothing_on_its_gpu_is_not_serving():
     _, svc, host = station()
     host.gpu_procs.clear()
-    h = verify.service_health(host.session, svc)
+    h = health.service_health(host.session, svc)
     assert not h.ok and h.reasons == ["no serving process on the GPU"]
 
 
@@ -68,7 +68,7 @@ def api(chat, metrics="vllm:prompt_tokens_total 10\nvllm:generation_tokens_total
     host.http(ep.port, "/v1/models", (200, models.replace("railyard-lab/tiny-qwen3", ep.model) if served else models))
     host.http(ep.port, "/v1/chat/completions", chat)
     host.http(ep.port, "/metrics", (200, metrics))
-    probes, _ = verify._api_probes(host.session, ep, VLLM)
+    probes, _ = health._api_probes(host.session, ep, VLLM)
     assert not host.unexpected, host.unexpected
     return {p.name: p for p in probes}, ep
 

@@ -1,9 +1,9 @@
 """The task layer: how an `inv` task is declared, once, beside its view.
 
-Each module here (preflight, hosts, sync, serve, verify, nccl, capacity, export, collect, bench)
-declares its tasks with `@rtask`: the function's parameters are the task's flags (their order gives
-invoke's short flags), its body calls the verb and renders what it returns. tasks.py only puts the
-modules' tasks into one namespace.
+Each module here (preflight, hosts, sync, serve, verify, health, recover, nccl, capacity, export,
+collect, bench, hang) declares its tasks with `@rtask`: the function's parameters are the task's flags
+(their order gives invoke's short flags), its body calls the verb and renders what it returns. tasks.py
+only puts the modules' tasks into one namespace.
 
 `rtask` adds what every task shares: the help of `--inventory`, `--set` (repeatable KEY=VALUE)
 and `--json` where the function has them; numeric flags converted once (`numbers=`, a bad value is

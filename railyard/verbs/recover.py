@@ -34,7 +34,7 @@ from ..transport.runner import Runner
 from .serve import build_plan
 from .sync import checkpoint_differs
 from .hung import Survey, survey
-from .verify import service_health
+from .health import service_health
 
 
 def recover(inv: Inventory, target: str | None, dry_run: bool, timeout: float | None, drain_timeout: float,
@@ -72,7 +72,7 @@ def recover(inv: Inventory, target: str | None, dry_run: bool, timeout: float | 
 
 
 def decide_group(plan: LaunchPlan, healths: list, host_reached: dict[str, bool]) -> Recovery:
-    """What the group path would do, from every service's health (railyard.verbs.verify's RankHealth).
+    """What the group path would do, from every service's health (railyard.verbs.health's RankHealth).
     Pure."""
     names = [s.name for s in plan.by_rank()]
     down = [h for h in plan.report_hosts() if not host_reached.get(h, True)]

@@ -100,7 +100,7 @@ def _timed(runner: Runner, plan: LaunchPlan, words: int) -> tuple[Probe, dict]:
 
 
 def api_probes(words: int):
-    """verify.health's probes for the pd layout."""
+    """railyard.verbs.health's probes for the pd layout."""
     def run(runner: Runner, plan: LaunchPlan, ranks: list) -> tuple[list[Probe], dict]:
         instances = members(plan)
         probes: list[Probe] = []

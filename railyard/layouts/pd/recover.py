@@ -102,7 +102,7 @@ def decide(plan: LaunchPlan, healths: list[RankHealth], reached: dict[str, bool]
 
 def survey(plan: LaunchPlan, runner: Runner, target: str | None, verdicts: list[Verdict]) -> Recovery | None:
     """Every service's health with the shared hung verdict folded in (railyard.checks.hang); then decide."""
-    from ...verbs.verify import service_health
+    from ...verbs.health import service_health
     got = runner.each(lambda s: [service_health(s, svc) for svc in plan.on_host(s.host.name)])
     healths = fold([h for rows in got.ok.values() for h in rows], verdicts)
     return decide(plan, healths, {h: h in got.ok for h in plan.report_hosts()}, target)

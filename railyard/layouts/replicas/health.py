@@ -127,7 +127,7 @@ def _router_probes(s: Session, plan: LaunchPlan, live: list[Service]) -> tuple[l
 
 
 def api_probes(cache_proof_words: int = 0):
-    """verify.health's probes for this layout (and the cache proof with a prompt of that many words)."""
+    """railyard.verbs.health's probes for this layout (and the cache proof with a prompt of that many words)."""
     def run(runner: Runner, plan: LaunchPlan, ranks: list) -> tuple[list[Probe], dict]:
         probes, data = health_probes(runner, plan, [r.service for r in ranks if r.state == "running"])
         if cache_proof_words:
