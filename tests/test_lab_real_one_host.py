@@ -6,6 +6,7 @@ freed. dp_ep on the real engine: test_lab_real_dp_ep.py; AIPerf against it: test
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -56,6 +57,46 @@ def test_health_plan_logs_and_a_noop_relaunch(served):
     assert again.returncode == 0 and "already running with this configuration" in again.stdout
     v = run("verify-rdma", inv=served)
     assert v.returncode == 0 and "SKIP" in v.stdout
+
+
+def test_a_stalled_tp_worker_is_named_hung_and_the_group_path_brings_it_back(served):
+    """issue 43: engine-stall parks the TP group's highest-ranked real worker (VLLM::Worker_TP1) while every
+    process keeps running: /health stays 200, so only the shared hung verdict can see it. `health --json` fails
+    within its probe limit (20 s) and names the engine service hung on its counters; `recover` takes the group
+    path (kills the hung container, starts it, gates it); health passes after. Before the stop test: it leaves
+    the deployment serving."""
+    from railyard_lab import faults
+    warm = run("health", "--json", inv=served)          # serving and warm before the fault
+    assert warm.returncode == 0, warm.stdout[-3000:]
+    try:
+        out = faults.fault("A", "engine-stall")
+        assert re.fullmatch(r"A: engine-stall VLLM::Worker_TP1 \(pid \d+\)", out), out
+        started = time.monotonic()
+        h = run("health", "--json", inv=served)
+        took = time.monotonic() - started
+        print(f"health --json with a stalled worker: exit {h.returncode} in {took:.1f} s")
+        doc = json.loads(h.stdout)
+        verdicts = doc["data"]["metrics"]["hung"]
+        print("hung verdicts:", json.dumps(verdicts, indent=1))
+        assert h.returncode == 1 and not doc["ok"], [c for c in doc["checks"] if c["status"] != "pass"]
+        assert took < 45, f"the hung verdict took {took:.1f} s"
+        mine = [v for v in verdicts if v["service"] == "engine"]
+        assert [v["state"] for v in mine] == ["hung"] and mine[0]["host"] == "A", verdicts
+        why = " ".join(mine[0]["evidence"])
+        assert mine[0]["source"] == "counters" and "got no token" in why and "did not move" in why, mine[0]
+        assert any(c["check"] == "hung" and c["status"] == "fail" for c in doc["checks"]), doc["checks"]
+        started = time.monotonic()
+        r = run("recover", "--json", inv=served, timeout=600)
+        took = time.monotonic() - started
+        print(f"recover --json: exit {r.returncode} in {took:.1f} s")
+        rec = json.loads(r.stdout)
+        print("recover:", json.dumps(rec["data"], indent=1))
+        assert r.returncode == 0 and rec["data"]["path"] == "group", r.stdout[-3000:] + r.stderr[-2000:]
+        assert any(d.startswith("killed ") for d in rec["data"]["done"]), rec["data"]
+    finally:
+        faults.heal()      # the parked process is gone with its container: only the lab's record is left
+    after = run("health", "--json", inv=served)
+    assert after.returncode == 0, [c for c in json.loads(after.stdout)["checks"] if c["status"] != "pass"]
 
 
 def test_stop_frees_both_gpus_and_launch_server_sh_serves_on_them(served):
