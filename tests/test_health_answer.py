@@ -3,7 +3,7 @@ the real engine in the lab): a healthy server passes whether its model stopped o
 
 from __future__ import annotations
 
-from railyard.checks.health import judge_answer
+from railyard.checks.probes import judge_answer
 from tests.conftest import real
 
 

@@ -18,7 +18,7 @@ import time
 
 from railyard.checks import hang
 from railyard.checks.hang import Sample, Verdict, by_engine, hang_lines, judge_engines, parse_ps, stopped, tree
-from railyard.checks.health import Probe, RankHealth
+from railyard.checks.probes import Probe, RankHealth
 from railyard.facts.host import PROC_STATES
 from railyard.inventory import Host
 from railyard.testing import FakeSession
@@ -257,7 +257,7 @@ def test_watch_recover_recovers_what_the_verdict_calls_hung_then_stops_at_the_bu
     """`inv health --watch S --recover`: a hung look is recovered with no command typed; a crash loop spends the
     restart budget, and the watch stops acting, says so in one line and exits 1 (a pager's turn)."""
     from railyard import cli
-    from railyard.apply.recover import Recovery
+    from railyard.apply.recovery import Recovery
     from railyard.cli import health as health_cli
     from railyard.verbs import recover as recover_verb
     from railyard.verbs.health import health_report

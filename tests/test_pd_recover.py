@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.checks.health import RankHealth
+from railyard.checks.probes import RankHealth
 from railyard.errors import UsageError
 from railyard.layouts.pd import recover as R
 

@@ -21,7 +21,7 @@ from railyard.verbs.serve import status_report
 from railyard.verbs.sync import CopyPlan, Difference, FileInfo, Manifest, SyncReport, TargetResult, sync_report
 from railyard.verbs.health import health_report
 from railyard.verbs.verify import rdma_report
-from railyard.checks.health import Probe, RankHealth
+from railyard.checks.probes import Probe, RankHealth
 
 CHECK_KEYS = {"host", "check", "status", "detail", "evidence", "hint"}
 

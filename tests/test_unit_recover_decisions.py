@@ -177,7 +177,7 @@ def test_a_healthy_group_has_nothing_to_recover_and_an_unreachable_host_blocks_i
 # ---------------------------------------------------------------- the restart budget
 
 def test_the_budget_counts_restarts_of_a_service_inside_the_window_only():
-    from railyard.apply.recover import Recovery, add_record, budget_left, spent
+    from railyard.apply.recovery import Recovery, add_record, budget_left, spent
     now = 100_000.0
     records: list = []
     for at in (now - 4000, now - 1200, now - 600):       # the first is outside a 30-minute window

@@ -219,7 +219,7 @@ def judge_engines(before: Sample, after: Sample, progress: tuple[str, ...], wind
 
 
 def fold(healths: list, verdicts: list[Verdict]) -> list:
-    """Each service's health (railyard.checks.health.RankHealth) with its bad verdicts added as reasons
+    """Each service's health (railyard.checks.probes.RankHealth) with its bad verdicts added as reasons
     (`hung: ...`, a dead API's `dead: ...`), so every recovery decides on the one verdict."""
     from dataclasses import replace
     out = []

@@ -21,7 +21,7 @@ from ..errors import RailyardError, UsageError
 from ..inventory import Inventory
 from .hung import survey
 from .serve import build_plan, uptime_text
-from ..checks.health import CHAT_PROBE, Probe, RankHealth, judge_answer
+from ..checks.probes import CHAT_PROBE, Probe, RankHealth, judge_answer
 from ..facts.docker import inspect, log_tail, uptime
 from ..transport.http import parse_metrics, request
 from ..apply import lock

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .. import engines
 from ..checks.hang import DEAD, HUNG, OK, UNKNOWN, Proc, Sample, Verdict, by_engine, hang_lines, judge_engines, \
     parse_ps, stopped, tree
-from ..checks.health import CHAT_PROBE
+from ..checks.probes import CHAT_PROBE
 from ..facts.probe import Section, joined_script, new_token, split_output
 from ..plan.spec import Endpoint, LaunchPlan, Service
 from ..transport import Session, Sh, cmd

@@ -1,5 +1,5 @@
 """`inv recover`: look at the deployment, choose a path, check the restart budget, and unless it is a dry
-run take the path under the operator lock and record it (railyard.apply.recover: the Recovery, the
+run take the path under the operator lock and record it (railyard.apply.recovery: the Recovery, the
 budget, the record). The look is the shared hung verdict (railyard.verbs.hung, the one `inv health`
 shows) beside each service's container and GPUs. A layout with a recovery of its own brings it (its
 `recovery` and `restore` hooks: replicas restarts one replica alone, pd one instance); every other takes
@@ -23,7 +23,7 @@ import time
 from ..apply import executor as ops
 from ..apply.executor import Show
 from ..apply.lock import HeadLock, lock_host
-from ..apply.recover import Book, Recovery, take_down
+from ..apply.recovery import Book, Recovery, take_down
 from ..checks.hang import fold
 from ..errors import LaunchError, UsageError
 from ..facts.docker import inspect

@@ -18,7 +18,7 @@ from ..apply import executor as ops
 from ..apply import lock
 from ..apply.executor import LaunchReport, Show, StopResult
 from ..apply.lock import HeadLock
-from ..apply.recover import Book
+from ..apply.recovery import Book
 from ..render import script
 from ..render.docker import run_line
 from ..transport.runner import Runner
@@ -152,7 +152,7 @@ def stop(inv: Inventory) -> list[StopResult]:
 
 def status(inv: Inventory) -> tuple[list[dict], dict]:
     """Every service's row, and the deployment's recoveries inside the restart budget's window with the
-    restarts each service has left (railyard.apply.recover)."""
+    restarts each service has left (railyard.apply.recovery)."""
     with _runner(inv) as runner:
         plan = build_plan(inv, runner, strict=False)
         rows = ops.status(plan, runner)

@@ -20,7 +20,7 @@ from . import members
 from ...plan.spec import Endpoint, LaunchPlan, Service
 from ...engines.vllm import parse_kv_cache
 from ...transport import Session
-from ...checks.health import Probe
+from ...checks.probes import Probe
 from ...engines.vllm import summarize_metrics
 
 TPOT_TOKENS = 33

@@ -28,9 +28,9 @@ import secrets
 import time
 
 from ...apply.executor import Show
-from ...apply.recover import Recovery, start_alone, take_down
+from ...apply.recovery import Recovery, start_alone, take_down
 from ...checks.hang import Verdict, fold
-from ...checks.health import RankHealth
+from ...checks.probes import RankHealth
 from ...errors import LaunchError, UsageError
 from ...facts.docker import inspect
 from ...inventory import Inventory

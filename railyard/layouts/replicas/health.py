@@ -30,7 +30,7 @@ from ...engines.litellm import READY_PATH, parse_health
 from ...plan.spec import Endpoint, LaunchPlan, Service
 from ...engines.vllm import parse_kv_cache
 from ...transport import Session, cmd
-from ...checks.health import CHAT_PROBE, Probe, judge_answer
+from ...checks.probes import CHAT_PROBE, Probe, judge_answer
 from ...plan.layout import CACHE_PROOF_AUTO
 
 PROOF_RATIO = 0.8

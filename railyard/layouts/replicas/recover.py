@@ -36,7 +36,7 @@ from ...transport import Session, Sh, write_remote
 from ...facts.docker import inspect
 from ...transport.http import parse_metrics, request
 from ...apply.executor import Show
-from ...apply.recover import Recovery, start_alone, take_down
+from ...apply.recovery import Recovery, start_alone, take_down
 from ...checks.hang import Verdict
 from ...inventory import Inventory
 
