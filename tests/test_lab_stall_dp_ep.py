@@ -63,3 +63,18 @@ def test_one_stalled_dp_rank_stops_only_its_own_counters(dp_ep):
     assert all(s in "SR" for s in states("A").values())
     faults.heal()
     assert chat(port, 2, 20) == "200"
+
+
+def test_health_names_the_one_hung_dp_rank_and_recover_brings_the_engine_back(dp_ep):
+    """The shared verdict (railyard.verbs.hung) sends a probe to each DP rank and judges each rank's own counters:
+    rank 2 is named hung, the sum of the eight does not hide it, and recover restarts the engine."""
+    faults.fault("A", "engine-stall", "DP2")
+    r = inv_cmd("health", "--json", "-i", str(dp_ep), *ARGS, timeout=180)
+    doc = json.loads(r.stdout)
+    (v,) = [v for v in doc["data"]["metrics"]["hung"] if v["service"] != "router"]
+    assert r.returncode == 1 and v["state"] == "hung" and v["target"].endswith("DP rank 2"), v
+    assert v["evidence"][0].startswith("DP rank 2: its probe got no token in "), v
+    rec = inv_cmd("recover", "--json", "-i", str(dp_ep), *ARGS, timeout=300)
+    assert rec.returncode == 0, rec.stdout[-3000:]
+    faults.heal()
+    assert inv_cmd("health", "--json", "-i", str(dp_ep), *ARGS, timeout=180).returncode == 0
