@@ -46,6 +46,7 @@ def served():
         r = run("launch", inv=inv)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert chat(180) == "200"            # the first request compiles: warm before any judgment
+        on("A", f"rm -f ~/.cache/railyard/serve/{NAME}/recoveries.json")   # an earlier run's restarts are not ours
         yield inv
 
 
@@ -54,8 +55,10 @@ def verdicts(doc: dict) -> dict[str, dict]:
 
 
 def api_server(host: str) -> int:
-    """The real `vllm serve` (the API server) of the host's container, from the host side."""
-    out = on(host, "ps -e -o pid=,args=").stdout
+    """The real `vllm serve` (the API server) of the host's container: the child of the image's main process (the
+    lab hosts share one PID namespace, so `ps -e` lists every host's processes)."""
+    main = on(host, f"docker inspect --format '{{{{.State.Pid}}}}' {NAME}").stdout.strip()
+    out = on(host, f"ps -o pid=,args= --ppid {main}").stdout
     return int(next(ln.split()[0] for ln in out.splitlines() if "venvs/vllm/bin/vllm serve" in ln))
 
 

@@ -216,13 +216,14 @@ def survey(runner: Runner, plan: LaunchPlan, window_s: float | None = None) -> S
         verdicts += vs
         for v in vs:
             svc = plan.service(v.service)
-            if v.state == HUNG and v.source in ("counters", "log", "stopped") and svc.group:
+            if v.state == HUNG and v.source in ("counters", "log") and svc.group:
                 hung_groups.setdefault(svc.group, v)
-    # a rank of a group whose engine does not move waits with it: its own verdict says so, naming the evidence
+    # a headless rank of a group whose engine does not move waits with it (it has no API of its own to probe): its
+    # verdict says so, naming the evidence; a rank that answered its own probe serves, whatever its group shows
     for i, v in enumerate(verdicts):
         svc = plan.service(v.service)
         g = hung_groups.get(svc.group) if svc.group else None
-        if g is not None and v.state == OK and v.service != g.service:
+        if g is not None and v.state == OK and v.source == "processes" and v.service != g.service:
             verdicts[i] = Verdict(v.host, v.service, v.target, HUNG,
                                   [f"waits with its group {svc.group}: {g.host} {g.target} made no token "
                                    f"({g.evidence[0]})"] + v.evidence, "group")
