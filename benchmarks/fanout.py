@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import railyard_lab as lab  # noqa: E402
+import railyard.layouts  # noqa: E402,F401  (every layout registers before an inventory is loaded)
 from railyard.inventory import load_inventory  # noqa: E402
 from railyard_lab import components  # noqa: E402
 from railyard.verbs.preflight import sections_for  # noqa: E402

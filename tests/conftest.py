@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import railyard.layouts  # noqa: F401  (every layout registers: the registry never imports them itself)
+
 from . import evidence
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,6 +10,7 @@ CHECK = """
 import pathlib, sys
 import railyard
 assert not pathlib.Path(railyard.__file__).resolve().is_relative_to(pathlib.Path(sys.argv[1])), railyard.__file__
+import railyard.layouts  # a program registers the layouts before it loads an inventory
 from railyard.inventory import load_inventory
 from railyard.verbs.serve import launch_script
 from railyard.verbs.nccl_check import PROBE

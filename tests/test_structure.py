@@ -11,6 +11,7 @@ from railyard import engines
 from railyard.plan import layout as layouts
 
 from .conftest import ROOT
+from .test_static import _module_name, _one_cycle, import_cycles
 
 PKG = ROOT / "railyard"
 GENERIC = ("transport", "facts", "checks", "plan", "render", "apply", "verbs", "cli", "bench")
@@ -132,3 +133,77 @@ def test_only_the_cli_renders():
                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             seen += [f"railyard/{rel}:{node.lineno}: imports {m}" for m in mods if m.split(".")[0] == "rich"]
     assert not seen, "rendering outside railyard/cli:\n" + "\n".join(seen)
+
+
+def _is_type_checking(node) -> bool:
+    return isinstance(node, ast.If) and ((isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING") or
+                                        (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING"))
+
+
+def imports_at_any_depth(files: dict[str, "object"]) -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, counting what runs only when called: an import inside a
+    function, and importlib.import_module("railyard...") with a literal name; not `if TYPE_CHECKING:`."""
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        tree = ast.parse(path.read_text())
+        skip = {id(n) for node in ast.walk(tree) if _is_type_checking(node) for b in node.body for n in ast.walk(b)}
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    where = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    where = node.module or ""
+                targets = [f"{where}.{a.name}" if f"{where}.{a.name}" in files else where for a in node.names]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == \
+                    "import_module" and node.args and isinstance(node.args[0], ast.Constant):
+                targets = [str(node.args[0].value)]
+            else:
+                continue
+            deps.update(x for x in targets if x in files and x != mod)
+        graph[mod] = deps
+    return graph
+
+
+def _folder(mod: str) -> str:
+    return ".".join(mod.split(".")[:2])
+
+
+def test_no_import_circle_between_the_folders():
+    """test_static forbids a cycle of module-level imports; an import deferred into a function (or made by
+    importlib) only hides one. Counting those too, a cycle may only stay inside one folder (a module and its
+    helper, the helper importing back when called); none runs between folders: the layout registry
+    (railyard.plan.layout) and the inventory never reach up to the layouts that build on them."""
+    files = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+    graph = imports_at_any_depth(files)
+    across = [c for c in import_cycles(graph) if len({_folder(m) for m in c}) > 1]
+    assert not across, "import circles between folders (imports at any depth): " + "; ".join(
+        " -> ".join(_one_cycle(graph, c)) for c in across)
+    assert not {m for m in graph["railyard.plan.layout"] if m.startswith("railyard.layouts")}
+    assert not {m for m in graph["railyard.inventory.validate"] if not m.startswith(("railyard.inventory",
+                                                                                    "railyard.errors"))}
+
+
+def test_the_circle_check_sees_a_deferred_import(tmp_path):
+    """The check above is not blind: an import inside a function, and importlib's, count."""
+    pkg = tmp_path / "railyard"
+    (pkg / "plan").mkdir(parents=True)
+    (pkg / "layouts").mkdir()
+    for f in ("__init__.py", "plan/__init__.py"):
+        (pkg / f).write_text("")
+    (pkg / "layouts" / "__init__.py").write_text("from . import one\n")
+    (pkg / "plan" / "layout.py").write_text("import importlib\ndef f():\n    importlib.import_module('railyard.layouts')\n")
+    (pkg / "layouts" / "one.py").write_text("def g():\n    from ..plan import layout\n")
+    files = {".".join(p.relative_to(tmp_path).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in sorted(pkg.rglob("*.py"))}
+    graph = imports_at_any_depth(files)
+    assert graph["railyard.plan.layout"] == {"railyard.layouts"} and graph["railyard.layouts.one"] == {
+        "railyard.plan.layout"}
+    assert import_cycles(graph) == [["railyard.layouts", "railyard.layouts.one", "railyard.plan.layout"]]

@@ -138,7 +138,9 @@ def number(value, flag: str, kind=int):
 
 
 def load(path: str | None, overrides) -> Inventory:
-    """The inventory of `--inventory` and `--set` (the one place the task layer loads it)."""
+    """The inventory of `--inventory` and `--set` (the one place the task layer loads it), after every layout
+    has registered (railyard.plan.layout: serve_layout is checked against them)."""
+    from .. import layouts  # noqa: F401  (imported for its registrations; here, not at start: inv --list stays fast)
     return load_inventory(path, overrides)
 
 

@@ -11,6 +11,11 @@ from dataclasses import dataclass
 # Keys that only make sense for one host.
 HOST_ONLY_KEYS = {"ansible_host", "rank", "rails"}
 RAIL_KEYS = {"hca", "ipv4"}
+# serve_layout's values: each registered layout's name -> the cluster-wide variables it compares itself (pd's
+# pools may differ in TP and ports). The layout registry (railyard.plan.layout) writes it as each layout class
+# registers; the inventory sits below the layouts and reads it, never importing them. A program that loads an
+# inventory imports railyard.layouts first (the task layer's `load` does, and the tests' conftest).
+LAYOUTS: dict[str, tuple[str, ...]] = {}
 # Values that must be the same on every host for a multi-node launch to work.
 CLUSTER_WIDE = (
     "serve_layout", "cluster_serve_rail", "model_path", "model_revision", "model_repo", "vllm_image",

@@ -17,16 +17,14 @@ if TYPE_CHECKING:
 
 
 def layout_names() -> tuple[str, ...]:
-    """The values serve_layout takes: the registered layouts (railyard.plan.layout, imported when it is
-    asked: the layouts build on this module)."""
-    from ..plan import layout
-    return layout.names()
+    """The values serve_layout takes: the registered layouts, as the registry (railyard.plan.layout) wrote
+    them into `rules.LAYOUTS` (the layouts build on this module: it never imports them)."""
+    return tuple(rules.LAYOUTS)
 
 
 def _own_checks(name: str) -> tuple[str, ...]:
     """The cluster-wide variables a layout compares itself (pd's pools may differ in TP and ports)."""
-    from ..plan import layout
-    return layout.by_name(name).own_checks if name in layout.names() else ()
+    return rules.LAYOUTS.get(name, ())
 
 
 def _type_name(t: type) -> str:
@@ -158,7 +156,7 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         if _mismatch(rule, values.get(k) if rule.optional else values[k]):
             bad(k, rule.message)
     if values["serve_layout"] not in layout_names():
-        bad("serve_layout", f"unknown layout (one of: {', '.join(layout_names())})")
+        bad("serve_layout", f"unknown layout (one of: {', '.join(layout_names()) or 'none registered: import railyard.layouts'})")
     bad_env = [k for k in values["vllm_extra_env"] if not isinstance(k, str) or not ENV_NAME_RE.match(k)]
     if bad_env:
         bad("vllm_extra_env", f"{bad_env[0]!r} is not an environment variable name (letters, digits, _)")

@@ -1,7 +1,9 @@
 """The serving layouts, by `serve_layout`: one package each under railyard/layouts/, its class a
 subclass of `Layout` that registers itself by name (`class Pd(Layout, name="pd")`). The registry is
-the one list of layouts: the inventory's check of `serve_layout`, the verbs' dispatch and the docs
-read it. Every layout has
+the one list of layouts: the inventory's check of `serve_layout` (railyard.inventory.rules.LAYOUTS, which
+registering writes), the verbs' dispatch and the docs read it. The registry never imports the layouts
+(they build on it): a program imports railyard.layouts, which imports every layout package, before it
+asks; the task layer's `load` does (railyard.cli), and the tests' conftest. Every layout has
 
     validate(inv) -> list[Problem]       static, before any SSH (exit 2 on any problem)
     hosts(inv) -> list[Host]             the hosts it runs on
@@ -28,13 +30,12 @@ the layout has none (None):
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from ..errors import InventoryError, Problem
 from ..facts.host import HostFacts
-from ..inventory import Host, Inventory
+from ..inventory import Host, Inventory, rules
 from .spec import Dial, LaunchPlan
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class Layout:
                 raise TypeError(f"layout {name!r} registered twice ({_REGISTRY[name].__module__}, {cls.__module__})")
             cls.name = name
             _REGISTRY[name] = cls
+            rules.LAYOUTS[name] = tuple(cls.own_checks)  # the inventory's view: it cannot import the layouts
 
     def validate(self, inv: Inventory) -> list[Problem]:
         raise NotImplementedError
@@ -115,8 +117,10 @@ __all__ = ["CACHE_PROOF_AUTO", "Layout", "Proof", "by_name", "get", "names", "na
 
 
 def _registry() -> dict[str, type[Layout]]:
-    """Every layout, by name: importing railyard.layouts imports each layout package, which registers."""
-    importlib.import_module("railyard.layouts")
+    """Every layout, by name, as registered: importing railyard.layouts imports each layout package, which
+    registers (the program does that, not this module: the layouts build on it)."""
+    if not _REGISTRY:
+        raise RuntimeError("no layout is registered: import railyard.layouts first (railyard.cli's load does)")
     return _REGISTRY
 
 
