@@ -15,6 +15,10 @@ the stand-in models that GPU state."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +113,92 @@ def test_the_canary_names_the_replica_on_other_weights_and_a_planned_restart_bri
     assert key and key not in r.stdout + r.stderr
     again = run("health", "--canary", inv=deployed)
     assert again.returncode == 0, again.stdout[-4000:]
+
+
+def started_at(*names: str) -> dict[str, str]:
+    """Each container's State.StartedAt on A: a restarted one has a new one."""
+    return {n: on("A", f"docker inspect --format '{{{{.State.StartedAt}}}}' {DEP}-{n}").stdout.strip() for n in names}
+
+
+class SteadyLoad(threading.Thread):
+    """Sequential chat completions through the router (LiteLLM on A, with its master key), each recorded as (start s,
+    HTTP status, seconds). Each carries LiteLLM's own per-request `timeout` (30 s, where a request takes about a
+    second here): an attempt on a replica that does not answer ends there and LiteLLM retries it (its num_retries,
+    railyard's filter sending the retry to a replica that has not failed it); curl's own bound is far above that."""
+    BODY = json.dumps({"model": "railyard-lab/tiny-qwen3", "max_tokens": 4, "temperature": 0, "timeout": 30,
+                       "messages": [{"role": "user", "content": "count to three"}]})
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        import railyard_lab as lab
+        root = lab.lab_dir()
+        key = (home("A") / ".config" / "railyard" / "litellm-master-key").read_text().strip()
+        line = (f"curl -s -m 180 -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {key}' "
+                f"-H 'Content-Type: application/json' -d '{self.BODY}' http://127.0.0.1:4000/v1/chat/completions")
+        self.argv = lab.ssh_argv(root, lab.lab_host(root, "A"), [line])
+        self.sent: list[tuple[float, str, float]] = []
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+
+    def run(self):
+        while not self.stop.is_set():
+            began = time.monotonic()
+            try:
+                code = subprocess.run(self.argv, capture_output=True, text=True, timeout=200).stdout.strip() or "none"
+            except subprocess.TimeoutExpired:
+                code = "ssh timeout"
+            self.sent.append((round(began - self.t0, 1), code, round(time.monotonic() - began, 1)))
+            self.stop.wait(0.2)
+
+
+def test_a_stalled_replica_is_named_hung_and_restarted_alone_while_the_router_keeps_serving(deployed):
+    """issue 43: engine-stall parks r1's real engine rank (its one VLLM::Worker) while every process runs: /health stays
+    200. Under a steady load through LiteLLM, `health --json` names r1 hung and r0 ok; `recover` takes the short
+    path for r1 alone (out of routing, killed, started, gated, back in): r0, LMCache and the router keep their
+    StartedAt; health passes after, and every request of the load was answered 200."""
+    from railyard_lab import faults
+    # r1 has made tokens since it last started (a cold engine is never judged hung): a request straight to it
+    assert on("A", "curl -s -m 120 -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d "
+                   "'{\"model\": \"railyard-lab/tiny-qwen3\", \"max_tokens\": 4, \"messages\": [{\"role\": "
+                   "\"user\", \"content\": \"hi\"}]}' http://127.0.0.1:8002/v1/chat/completions").stdout == "200"
+    before = started_at("r0", "r1", "lmcache", "router")
+    load = SteadyLoad()
+    load.start()
+    try:
+        time.sleep(5)
+        out = faults.fault("A", "engine-stall", "r1")
+        assert re.fullmatch(r"A: engine-stall VLLM::(?:Worker|EngineCore)\S* \(pid \d+\)", out), out
+        print(out)
+        began = time.monotonic()
+        h = run("health", "--json", inv=deployed)
+        took = time.monotonic() - began
+        doc = json.loads(h.stdout)
+        verdicts = {v["service"]: v for v in doc["data"]["metrics"]["hung"]}
+        print(f"health --json with r1 stalled: exit {h.returncode} in {took:.1f} s")
+        print("hung verdicts:", json.dumps(verdicts, indent=1))
+        assert h.returncode == 1 and verdicts["r1"]["state"] == "hung" and verdicts["r0"]["state"] == "ok", verdicts
+        assert "did not move" in " ".join(verdicts["r1"]["evidence"]), verdicts["r1"]
+        began = time.monotonic()
+        r = run("recover", "--json", inv=deployed, timeout=600)
+        took = time.monotonic() - began
+        rec = json.loads(r.stdout)
+        print(f"recover --json: exit {r.returncode} in {took:.1f} s:", json.dumps(rec["data"], indent=1))
+        assert r.returncode == 0 and rec["data"]["path"] == "short" and rec["data"]["services"] == ["r1"], \
+            r.stdout[-3000:] + r.stderr[-2000:]
+        assert "killed r1" in rec["data"]["done"] and "put r1 back into routing" in rec["data"]["done"], rec["data"]
+    finally:
+        faults.heal("A")
+    after = started_at("r0", "r1", "lmcache", "router")
+    assert after["r1"] != before["r1"] and {k: after[k] for k in ("r0", "lmcache", "router")} == \
+        {k: before[k] for k in ("r0", "lmcache", "router")}, (before, after)
+    again = run("health", "--json", inv=deployed)
+    try:
+        assert again.returncode == 0, [c for c in json.loads(again.stdout)["checks"] if c["status"] != "pass"]
+    finally:
+        load.stop.set()
+        load.join(240)
+    codes = [c for _, c, _ in load.sent]
+    slow = [x for x in load.sent if x[2] > 5 or x[1] != "200"]
+    print(f"steady load: {len(codes)} requests, {sum(c != '200' for c in codes)} not 200; the slow or failed ones "
+          f"(start s, status, s): {slow}")
+    assert len(codes) >= 20 and set(codes) == {"200"}, load.sent
