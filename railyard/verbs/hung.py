@@ -138,7 +138,7 @@ def _host_survey(s: Session, plan: LaunchPlan, window_s: float) -> list[Verdict]
                                          [f"container {svc.spec.name} is {status}"], "container")
         elif halted := stopped(mine := tree(procs, main), main):
             verdicts[svc.name] = Verdict(host, svc.name, target, HUNG, [f"stopped: {', '.join(halted)}"], "stopped")
-        elif api_of(plan, svc) is None:   # a headless rank: its processes and its log are all it shows
+        elif api_of(plan, svc) is None:   # a headless rank, or no engine: its processes and its log are all it shows
             lines = hang_lines(logs.get(svc.name, ""), now, RECENT_S)
             verdicts[svc.name] = (Verdict(host, svc.name, target, HUNG, said(lines), "log") if lines else
                                   Verdict(host, svc.name, target, OK, [f"{len(mine)} process(es) running, none "
