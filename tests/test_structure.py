@@ -20,10 +20,8 @@ NOT_A_LAYOUT = {
     ("render/lws.py", "replicas"): "the Kubernetes field (a LeaderWorkerSet's or a Deployment's replica count)",
     ("cli/recover.py", "replicas"): "the recover report's field (the replicas it restarted)",
     ("cli/health.py", "replicas"): "--cache-proof's help",
+    ("cli/capacity.py", "dp_ep"): "--dp-reserve-gib's help (a task's help is read before any layout is imported)",
 }
-# the KV planner (`inv plan`) still compares the two one-host layouts itself: it moves beside them once
-# the model math it shares with the engines lives in railyard/engines
-PLANNER = {"verbs/capacity.py", "cli/capacity.py"}
 
 
 def generic_files():
@@ -65,6 +63,7 @@ def test_every_layout_is_one_package_found_by_the_registry():
     # what an error names as the layouts able to do something comes from the classes' own hooks
     assert layouts.names_where(lambda cls: cls.cache_proof) == ("replicas",)
     assert layouts.names_where(lambda cls: cls.recovery is not layouts.Layout.recovery) == ("replicas", "pd")
+    assert layouts.names_where(lambda cls: cls.kv_plan is not None) == ("single_node_tp", "dp_ep")
     packages = {p.parent.name for p in (PKG / "layouts").glob("*/__init__.py")}
     assert packages == {type(layouts.by_name(n)).__module__.rsplit(".", 1)[1] for n in names}
 
@@ -73,8 +72,6 @@ def test_the_generic_folders_name_no_layout():
     seen = []
     for path in generic_files():
         rel = str(path.relative_to(PKG))
-        if rel in PLANNER:
-            continue
         for line, word, how in layout_words(path):
             if how != "import" and (rel, word) in NOT_A_LAYOUT:
                 continue
@@ -107,7 +104,7 @@ def engine_imports(path):
 def test_the_generic_folders_import_no_engine():
     assert engines.names() == ("vllm",)
     seen = [f"railyard/{path.relative_to(PKG)}:{line}: imports {mod}"
-            for path in generic_files() if str(path.relative_to(PKG)) not in PLANNER
+            for path in generic_files()
             for line, mod in engine_imports(path)]
     assert not seen, "a generic module imports an engine (ask railyard.engines.of(service)):\n" + "\n".join(seen)
 

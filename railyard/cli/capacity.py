@@ -15,7 +15,11 @@ from . import console, load, rtask
 if TYPE_CHECKING:
     from ..verbs.capacity import Plan
 
-LABELS = {"single_node_tp": "TP={n} (one engine)", "dp_ep": "DP={n} + EP (attention DP, experts EP)"}
+
+def _row(name: str):
+    """The layout's row in the planner (its `kv_plan`: label, shape, what the assumptions say of it)."""
+    from ..plan import layout as layouts
+    return layouts.by_name(name).kv_plan
 
 
 def plan_table(plan: Plan) -> Table:
@@ -29,7 +33,7 @@ def plan_table(plan: Plan) -> Table:
     t.add_column("notes", overflow="fold")
     for lp in plan.layouts:
         style = "" if lp.fits else "red"
-        t.add_row(Text(f"{lp.layout}\n{LABELS[lp.layout].format(n=lp.tp * lp.dp)}", style=style),
+        t.add_row(Text(f"{lp.layout}\n{_row(lp.layout).label.format(n=lp.tp * lp.dp)}", style=style),
                   f"{lp.weights_gib_per_gpu:.1f} GiB", f"{lp.kv_gib_per_gpu:.1f} GiB",
                   f"{lp.kv_bytes_per_token_per_gpu:,}", f"{lp.kv_tokens_per_gpu:,}",
                   Text(f"{lp.kv_tokens_per_node:,}", style="bold"), f"{lp.max_concurrency:,}",
@@ -40,6 +44,8 @@ def plan_table(plan: Plan) -> Table:
 
 def assumption_lines(plan: Plan) -> list[str]:
     a, s = plan.assumptions, plan.spec
+    rows = [(lp.layout, _row(lp.layout)) for lp in plan.layouts]
+    per_gpu = ", ".join(name for name, row in rows if row.engine_per_gpu)
     if s.attention == "mla":
         attn = (f"MLA: {s.kv_lora_rank} + {s.qk_rope_head_dim} latent per token and layer, the same on every TP rank"
                 + (f"; DSA indexer key {s.index_head_dim} fp8 + scales = {a['kv_indexer_bytes_per_token_layer']} B"
@@ -57,16 +63,15 @@ def assumption_lines(plan: Plan) -> list[str]:
         f"GPUs: {a['gpu_source']}",
         f"KV budget per GPU = {a['gpu_memory_gib']:.2f} GiB x gpu_memory_utilization {a['gpu_memory_utilization']:g} "
         f"- weights/GPU - reserve {a['reserve_gib_per_gpu']:g} GiB"
-        + (f" (dp_ep ranks: {a['dp_reserve_gib_per_gpu']:g} GiB)" if a["dp_reserve_gib_per_gpu"] != a["reserve_gib_per_gpu"]
-           else "")
+        + (f" ({per_gpu} ranks: {a['dp_reserve_gib_per_gpu']:g} GiB)"
+           if a["dp_reserve_gib_per_gpu"] != a["reserve_gib_per_gpu"] else "")
         + " (peak activation, CUDA graphs, non-torch memory, as vLLM's gpu_worker profiles them; "
         "--reserve-gib, --dp-reserve-gib)",
         f"kv_cache_dtype {a['kv_cache_dtype']} -> {a['kv_cache_dtype_resolved']} "
         f"({a['kv_attention_bytes_per_token_layer']} B per token and layer at TP=1); block size {a['block_size']}",
         f"context {a['context']:,} ({a['context_source']}): requests = whole requests that fit at once, per engine, "
         "summed over engines",
-        "single_node_tp: one engine; each GPU holds every token's latent (MLA) or its share of the KV heads (GQA); "
-        "dp_ep: one engine and one KV cache per GPU, node = sum of ranks",
+        "; ".join(f"{name}: {row.assumption}" for name, row in rows),
     ]
     if a["model_caveat"]:
         lines.append(f"not modelled: {a['model_caveat']}")
@@ -101,6 +106,7 @@ def plan(inventory=None, model=None, gpu_memory_gib=None, gpus=None, context=Non
          gpu_memory_utilization=None, kv_cache_dtype=None, reserve_gib=None, block_size=None, mtp=False,
          dp_reserve_gib=None, set_=None, against_engine=False):
     """KV cache per GPU and per node under TP=N against DP attention + EP, from the checkpoint's own headers."""
+    from .. import layouts  # noqa: F401  (the planner's rows are the layouts' own: every layout registers)
     from ..verbs.capacity import Assumptions, gather, parse_checkpoint, plan_capacity, plan_json, plan_report
     a = Assumptions(mtp=mtp, context=context, block_size=block_size, dp_reserve_gib=dp_reserve_gib)
     if gpu_memory_utilization is not None:

@@ -16,6 +16,7 @@ and may bring hooks that the generic verbs call, each falling back to the generi
 the layout has none (None):
 
     rank_order                           True: `--rank-order` chooses its start order
+    kv_plan                              a KvPlanRow: `inv plan` (the KV planner) sizes it on one host's GPUs
     own_checks                           cluster-wide variables it compares itself (they may differ by host)
     final_gate(plan, runner)             after every stage is ready: a gate over the whole plan (a Proof)
     verify_rdma(inv, runner, plan)       `inv verify-rdma`'s verdicts, in place of NCCL over the rails
@@ -56,12 +57,25 @@ class Proof:
     what: str = "the final gate"
 
 
+@dataclass(frozen=True)
+class KvPlanRow:
+    """How `inv plan` (the KV planner, railyard.verbs.capacity) sizes a one-host layout on N GPUs: its row's
+    label (`{n}`: the GPUs), whether each GPU is an engine of its own (attention DP, experts EP: one KV cache
+    per GPU, each rank with --dp-reserve-gib's reserve) or one engine spans them all (TP=N), and what the
+    assumptions say of it. The planner's rows come in the registry's order; the first is what the others are
+    compared to ("vs TP")."""
+    label: str
+    engine_per_gpu: bool
+    assumption: str
+
+
 class Layout:
     """A serving layout. Subclass with `name=` to register it; override the hooks it brings."""
     name: ClassVar[str]
     rank_order: ClassVar[bool] = False
     own_checks: ClassVar[tuple[str, ...]] = ()
     cache_proof: ClassVar[bool] = False
+    kv_plan: ClassVar[KvPlanRow | None] = None
 
     def __init_subclass__(cls, name: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -113,7 +127,7 @@ class Layout:
         return None
 
 
-__all__ = ["CACHE_PROOF_AUTO", "Layout", "Proof", "by_name", "get", "names", "names_where", "validated"]
+__all__ = ["CACHE_PROOF_AUTO", "KvPlanRow", "Layout", "Proof", "by_name", "get", "names", "names_where", "validated"]
 
 
 def _registry() -> dict[str, type[Layout]]:

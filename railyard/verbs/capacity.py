@@ -6,7 +6,8 @@ directory) -> exact bytes of routed-expert tensors and of everything else -> byt
 each layout -> the KV budget vLLM leaves per GPU (memory x gpu_memory_utilization - weights -
 reserve) -> tokens per GPU, per node, and requests of `context` tokens that fit at once.
 
-The layouts (docs/plan.md has the formulas):
+The layouts, each the one its `kv_plan` row (railyard.plan.layout.KvPlanRow) describes (docs/plan.md has
+the formulas):
 - `single_node_tp`: one engine, `-tp N`. Routed experts and most dense weights are split N ways;
   MLA's latent projections, the DSA indexer and norms are replicated. The KV cache holds every
   token on every GPU: MLA's one latent per token is replicated (each TP rank keeps a full copy),
@@ -29,13 +30,17 @@ from pathlib import Path
 
 from ..checks import PASS, WARN, CheckResult
 from ..errors import RailyardError, UsageError
+from ..plan import layout as layouts
+from ..plan.layout import KvPlanRow
 from ..transport import RemotePath, Session, Sh, cmd, q
 from ..report import NO_HOST, Report
 
 HEADER_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "safetensors_headers.py"
 GIB = 1 << 30
 MIB = 1 << 20
-LAYOUTS = ("single_node_tp", "dp_ep")
+def planned_layouts() -> list[tuple[str, KvPlanRow]]:
+    """The layouts the planner compares, each with its row (its `kv_plan`), in the registry's order."""
+    return [(name, row) for name in layouts.names() if (row := layouts.by_name(name).kv_plan) is not None]
 
 # vLLM's dtype sizes (vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE) for the model and KV dtypes
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
@@ -373,13 +378,13 @@ class Plan:
     layouts: list[LayoutPlan]
 
 
-def _layout(name: str, spec: ModelSpec, w: WeightBytes, fmt: KvFormat, gpus: Gpus, a: Assumptions,
+def _layout(name: str, row: KvPlanRow, spec: ModelSpec, w: WeightBytes, fmt: KvFormat, gpus: Gpus, a: Assumptions,
             block: int, context: int) -> LayoutPlan:
     n = gpus.count
-    tp, dp, ep = (n, 1, 1) if name == "single_node_tp" else (1, n, n)
+    tp, dp, ep = (1, n, n) if row.engine_per_gpu else (n, 1, 1)
     weights = weights_per_gpu(w, spec, tp, ep)
     per_token = kv_bytes_per_token(spec, fmt, tp)
-    reserve = a.reserve_gib if name == "single_node_tp" or a.dp_reserve_gib is None else a.dp_reserve_gib
+    reserve = a.dp_reserve_gib if row.engine_per_gpu and a.dp_reserve_gib is not None else a.reserve_gib
     budget = gpus.memory_gib * GIB * a.gpu_memory_utilization - weights - reserve * GIB
     blocks = kv_blocks(budget, per_token, block)
     tokens = blocks * block
@@ -391,9 +396,9 @@ def _layout(name: str, spec: ModelSpec, w: WeightBytes, fmt: KvFormat, gpus: Gpu
     elif tokens < context:
         notes.append(f"one request of {context:,} tokens does not fit ({tokens:,} tokens per engine): "
                      "vLLM refuses this max_model_len")
-    if name == "dp_ep" and not w.expert:
+    if row.engine_per_gpu and not w.expert:
         notes.append("no routed experts: every rank holds the whole model")
-    if name == "single_node_tp" and spec.attention == "gqa" and n > spec.num_kv_heads:
+    if not row.engine_per_gpu and spec.attention == "gqa" and n > spec.num_kv_heads:
         notes.append(f"TP {n} > {spec.num_kv_heads} KV heads: each KV head is replicated {n // spec.num_kv_heads} times")
     return LayoutPlan(name, tp, dp, ep, dp, round(weights / GIB, 2), per_token, round(max(budget, 0) / GIB, 2),
                       tokens, tokens * dp, (blocks // per_request) * dp, budget > 0 and tokens >= context, notes=notes)
@@ -414,9 +419,9 @@ def plan_capacity(ckpt: Checkpoint, gpus: Gpus, a: Assumptions) -> Plan:
         raise UsageError(f"--block-size {block} --context {context}: both must be positive")
     w = weight_bytes(ckpt, spec, a.mtp)
     fmt = kv_format(spec, a.kv_cache_dtype, a.mtp)
-    layouts = [_layout(name, spec, w, fmt, gpus, a, block, context) for name in LAYOUTS]
-    tp_tokens = layouts[0].kv_tokens_per_node
-    for lp in layouts:
+    rows = [_layout(name, row, spec, w, fmt, gpus, a, block, context) for name, row in planned_layouts()]
+    tp_tokens = rows[0].kv_tokens_per_node
+    for lp in rows:
         lp.ratio_vs_tp = round(lp.kv_tokens_per_node / tp_tokens, 2) if tp_tokens else None
     kv_note = ""
     if a.kv_cache_dtype == "auto" and spec.kv_cache_quant_algo:
@@ -436,7 +441,7 @@ def plan_capacity(ckpt: Checkpoint, gpus: Gpus, a: Assumptions) -> Plan:
         "mtp_weights_gib": round(w.mtp / GIB, 2), "checkpoint_gib": round(ckpt.total_bytes / GIB, 2),
         "shards": ckpt.files, "model_dir": ckpt.dir,
     }
-    return Plan(spec.architecture, spec, gpus, assumptions, layouts)
+    return Plan(spec.architecture, spec, gpus, assumptions, rows)
 
 
 def plan_json(plan: Plan) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ...errors import Problem
 from ...inventory import Host, Inventory, origin_of, set_by_default
 from ...facts.host import HostFacts, on_host
-from ...plan.layout import Layout
+from ...plan.layout import KvPlanRow, Layout
 from ...plan.spec import ContainerSpec, Dial, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service, Stage
 from ...engines.vllm import (API_KEY_TARGET, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, all2all_notes,
                              all2all_problem, serve_command)
@@ -39,6 +39,8 @@ def _set_by_user(h: Host, keys: tuple[str, ...]) -> str:
 
 class SingleNodeTP(Layout, name="single_node_tp"):
     role = "engine"
+    kv_plan = KvPlanRow("TP={n} (one engine)", False,
+                        "one engine; each GPU holds every token's latent (MLA) or its share of the KV heads (GQA)")
 
     def hosts(self, inv: Inventory) -> list[Host]:
         return serve_hosts(inv)[:1]
@@ -113,6 +115,8 @@ class SingleNodeTP(Layout, name="single_node_tp"):
 
 
 class DpEp(SingleNodeTP, name="dp_ep"):
+    kv_plan = KvPlanRow("DP={n} + EP (attention DP, experts EP)", True,
+                        "one engine and one KV cache per GPU, node = sum of ranks")
 
     def _own_checks(self, h: Host, cfg: VllmConfig) -> list[Problem]:
         out = []
