@@ -8,6 +8,8 @@ proxy, then judged against that record, and verify-rdma giving the TCP path no p
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import pytest
 
@@ -93,3 +95,48 @@ def test_each_engines_nixl_progress_thread_sleeps_between_ucx_events(pd):
         workers = {ln[0] for ln in lines}
         waiting = {ln[0] for ln in lines if ln[1:2] == ["7"] and ln[3:5] == ["0x2", "0x1"]}
         assert workers and waiting == workers, (host, workers, waiting)
+
+
+def test_a_stalled_prefill_instance_is_named_hung_and_restarted_alone(pd):
+    """issue 43: engine-stall parks prefill-0's real engine rank (its one VLLM::Worker) while every process runs: its
+    /health stays 200, so vllm-router keeps it. `health --json` names prefill-0 hung (and decode-0 ok); `recover`
+    takes the instance path for it alone (killed, out of the proxy, started, gated, back in, proven with a NIXL
+    transfer): decode-0 and the proxy keep their StartedAt; health passes after. Last: it restarts prefill-0."""
+    from railyard_lab import faults
+    inv, _ = pd
+    where = {"prefill-0": "A", "decode-0": "B", "proxy": "A"}
+
+    def started_at() -> dict[str, str]:
+        return {n: on(h, f"docker inspect --format '{{{{.State.StartedAt}}}}' {DEP}-{n}").stdout.strip()
+                for n, h in where.items()}
+
+    before = started_at()
+    try:
+        out = faults.fault("A", "engine-stall", "prefill-0")
+        assert re.fullmatch(r"A: engine-stall VLLM::(?:Worker|EngineCore)\S* \(pid \d+\)", out), out
+        print(out)
+        began = time.monotonic()
+        h = run("health", "--json", inv=inv)
+        took = time.monotonic() - began
+        doc = json.loads(h.stdout)
+        verdicts = {v["service"]: v for v in doc["data"]["metrics"]["hung"]}
+        print(f"health --json with prefill-0 stalled: exit {h.returncode} in {took:.1f} s")
+        print("hung verdicts:", json.dumps(verdicts, indent=1))
+        assert h.returncode == 1 and verdicts["prefill-0"]["state"] == "hung", verdicts
+        assert verdicts["decode-0"]["state"] == "ok", verdicts
+        assert "did not move" in " ".join(verdicts["prefill-0"]["evidence"]), verdicts["prefill-0"]
+        began = time.monotonic()
+        r = run("recover", "--json", inv=inv, timeout=600)
+        took = time.monotonic() - began
+        rec = json.loads(r.stdout)
+        print(f"recover --json: exit {r.returncode} in {took:.1f} s:", json.dumps(rec["data"], indent=1))
+        assert r.returncode == 0 and rec["data"]["path"] == "instance" and rec["data"]["services"] == ["prefill-0"], \
+            r.stdout[-3000:] + r.stderr[-2000:]
+        assert "killed prefill-0" in rec["data"]["done"], rec["data"]
+    finally:
+        faults.heal("A")
+    after = started_at()
+    assert after["prefill-0"] != before["prefill-0"] and \
+        {n: after[n] for n in ("decode-0", "proxy")} == {n: before[n] for n in ("decode-0", "proxy")}, (before, after)
+    again = run("health", "--json", inv=inv)
+    assert again.returncode == 0, [c for c in json.loads(again.stdout)["checks"] if c["status"] != "pass"]
