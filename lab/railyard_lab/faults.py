@@ -298,6 +298,7 @@ def _engine_hang_heal(h, value):
 # engine-stall: the signal the engines' processes park a rank on, and the one that lets it go (their handlers:
 # sim/engine_site.py in the real engine, sim/vllm.py's spawn in the stand-in)
 STALL_SIGNAL = signal.SIGUSR2
+STALL_SETTLE_S = 1.2
 RELEASE_SIGNAL = signal.SIGCONT
 RANK_RE = re.compile(r"(?:DP|PP|TP|EP)\d+(?:_(?:DP|PP|TP|EP)\d+)*")
 
@@ -360,6 +361,9 @@ def _engine_stall(h, value):
                          "lab's engine image predates it (run `inv lab.up` again, then launch)")
     os.kill(pid, STALL_SIGNAL)
     _write(h, "engine-stall", json.dumps({"pid": pid, "start": _start_of(pid), "title": title}))
+    # in effect when this returns: the real engine parks at once; the stand-in's headless node tells its head within
+    # its 0.5 s watch (sim/vllm.py, watch_own_stall), and a request sent before that would still be answered
+    time.sleep(STALL_SETTLE_S)
     return f"{title} (pid {pid})"
 
 

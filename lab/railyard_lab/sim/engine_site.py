@@ -67,7 +67,6 @@ sys.meta_path.insert(0, _Finder())
 # (and SIGTSTP in `vllm chat`); SIGUSR1/SIGUSR2 appear only in torch.distributed.elastic, which vLLM does
 # not run. Every engine process imports this file at start (a worker started by fork inherits the handler).
 
-import os as _os
 import signal as _signal
 import time as _time
 
