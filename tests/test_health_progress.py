@@ -91,15 +91,18 @@ def test_one_hung_dp_rank_of_four_is_named_and_the_sum_does_not_hide_it():
 
 
 def test_a_stopped_process_of_a_container_is_named_by_its_vllm_title_and_the_api_server_too():
-    ps = ("  100     1 Sl   /usr/bin/python3 -SI /lab/sim/image/bin/vllm serve /model --port 8000\n"
-          "  101   100 Tl   /venv/bin/python /venv/bin/vllm serve /model --port 8000\n"
-          "  102   101 Sl   VLLM::EngineCore\n"
-          "  103   102 Tl   VLLM::Worker_TP0\n"
-          "  200     1 S    sleep 60\n")
+    ps = ("  100     1 Sl   vllm            /usr/bin/python3 -SI /lab/sim/image/bin/vllm serve /model --port 8000\n"
+          "  101   100 Tl   vllm            /venv/bin/python /venv/bin/vllm serve /model --port 8000\n"
+          "  102   101 Sl   VLLM::EngineCor VLLM::EngineCore\n"
+          "  103   102 Tl   VLLM::Worker_TP VLLM::Worker_TP0\n"
+          "  104   100 Tl   VLLM::Worker_TP /usr/bin/python3 -SI /lab/sim/image/bin/vllm serve /model --port 8000\n"
+          "  200     1 S    sleep           sleep 60\n")
     procs = parse_ps(ps)
     mine = tree(procs, 100)
-    assert [p.pid for p in mine] == [100, 101, 102, 103]
-    assert stopped(mine, 100) == ["API server (pid 101, state Tl)", "VLLM::Worker_TP0 (pid 103, state Tl)"]
+    assert [p.pid for p in mine] == [100, 101, 104, 102, 103]
+    # vLLM's setproctitle writes the args; a program that names itself in the kernel's name only is read there
+    assert stopped(mine, 100) == ["API server (pid 101, state Tl)", "VLLM::Worker_TP (pid 104, state Tl)",
+                                  "VLLM::Worker_TP0 (pid 103, state Tl)"]
 
 
 def test_hang_lines_count_in_steady_state_only_and_while_recent():

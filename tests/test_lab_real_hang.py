@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from railyard.checks.hang import parse_ps, tree
+from railyard.checks.hang import PS, parse_ps, tree
 from railyard_lab import faults
 
 from .conftest import REAL_LIMIT_S, ROOT, home, inv_cmd, on, real_lab
@@ -115,14 +115,14 @@ def test_a_stopped_and_a_killed_api_server_are_named_and_recovered(served):
         recovered(inv)
     pid = api_server("A")
     main = int(on("A", f"docker inspect --format '{{{{.State.Pid}}}}' {NAME}").stdout)
-    container = [p.pid for p in tree(parse_ps(on("A", "ps -e -o pid=,ppid=,stat=,args=").stdout), main)]
+    container = [p.pid for p in tree(parse_ps(on("A", PS).stdout), main)]
     assert len(container) >= 4            # the image's main process, the API server, the engine core, the worker
     on("A", f"kill -9 {pid}")
     for _ in range(100):   # the image's main process exits with it, and the container with every process in it
         if on("A", f"docker inspect --format '{{{{.State.Running}}}}' {NAME}").stdout.strip() == "false":
             break
         time.sleep(0.1)
-    alive = set(parse_ps(on("A", "ps -e -o pid=,ppid=,stat=,args=").stdout))
+    alive = set(parse_ps(on("A", PS).stdout))
     assert not alive & set(container), alive & set(container)
     r = run("health", "--json", inv=inv)
     head = verdicts(json.loads(r.stdout))["head"]

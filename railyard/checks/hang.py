@@ -72,15 +72,20 @@ class Proc:
     ppid: int
     state: str      # ps's stat: its first letter is the kernel's state
     title: str      # the command line as ps shows it (vLLM's process titles: VLLM::Worker_TP1)
+    comm: str = ""  # the kernel's name, 15 characters (a program that names itself only there: VLLM::Worker_TP)
+
+
+PS = "ps -e -o pid=,ppid=,stat=,comm=,args="
 
 
 def parse_ps(text: str) -> dict[int, Proc]:
-    """`ps -e -o pid=,ppid=,stat=,args=` -> {pid: Proc}."""
+    """`ps -e -o pid=,ppid=,stat=,comm=,args=` (PS) -> {pid: Proc}."""
     out = {}
     for line in text.splitlines():
-        parts = line.split(None, 3)
+        parts = line.split(None, 4)
         if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit():
-            out[int(parts[0])] = Proc(int(parts[0]), int(parts[1]), parts[2], parts[3] if len(parts) > 3 else "")
+            out[int(parts[0])] = Proc(int(parts[0]), int(parts[1]), parts[2], parts[4] if len(parts) > 4 else "",
+                                      parts[3] if len(parts) > 3 else "")
     return out
 
 
@@ -102,9 +107,10 @@ def tree(procs: dict[int, Proc], root: int) -> list[Proc]:
 def role_of(p: Proc, main: int) -> str:
     """What a process of an engine container is: its vLLM title (`VLLM::Worker_TP1`), the API server (`vllm
     serve`, whose engine core and workers are its children), the container's main process, or its first word."""
+    for word in (p.title.split() or ["?"])[0], p.comm:   # setproctitle writes the args (vLLM); else the name
+        if word.startswith("VLLM::") or word.startswith("EngineCore") or word in ("DPCoordinator",):
+            return word
     word = p.title.split()[0] if p.title.split() else "?"
-    if word.startswith("VLLM::") or word.startswith("EngineCore") or word in ("DPCoordinator",):
-        return word
     if "vllm serve" in p.title and "--headless" in p.title.split():
         return "vllm serve --headless"
     if "vllm serve" in p.title or "openai.api_server" in p.title:

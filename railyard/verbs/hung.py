@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 
 from .. import engines
-from ..checks.hang import DEAD, HUNG, OK, UNKNOWN, Proc, Sample, Verdict, by_engine, hang_lines, judge_engines, \
-    parse_ps, stopped, tree
+from ..checks.hang import DEAD, HUNG, OK, PS, UNKNOWN, Proc, Sample, Verdict, by_engine, hang_lines, judge_engines, \
+    parse_ps, role_of, stopped, tree
 from ..checks.probes import CHAT_PROBE
 from ..facts.probe import Section, joined_script, new_token, split_output
 from ..plan.spec import Endpoint, LaunchPlan, Service
@@ -80,7 +80,7 @@ def target_of(svc: Service) -> str:
 def _look(s: Session, services: list[Service]) -> tuple[dict[int, Proc], dict[str, tuple[int, str]], dict[str, str],
                                                          str]:
     """One round trip: ({pid: Proc}, {service: (main pid, status)}, {service: hang-line log}, error)."""
-    sections = [Section("ps", Sh("ps -e -o pid=,ppid=,stat=,args="), timeout=20)]
+    sections = [Section("ps", Sh(PS), timeout=20)]
     for i, svc in enumerate(services):
         sections.append(Section(f"c{i}", cmd("docker", "inspect", "--format", "{{.State.Pid}} {{.State.Status}}",
                                              svc.spec.name), timeout=20))
@@ -153,8 +153,14 @@ def _host_survey(s: Session, plan: LaunchPlan, window_s: float) -> list[Verdict]
     for t in threads:
         t.join(window_s + 30)
     for name in open_apis:
-        verdicts[name] = judged.get(name) or Verdict(host, name, target_of(plan.service(name)), UNKNOWN,
-                                                     ["its probes did not return"], "probe")
+        v = judged.get(name) or Verdict(host, name, target_of(plan.service(name)), UNKNOWN,
+                                        ["its probes did not return"], "probe")
+        main = mains[name][0]
+        ranks = [f"{role_of(p, main)} (pid {p.pid})" for p in tree(procs, main)
+                 if role_of(p, main).startswith(("VLLM::", "EngineCore"))]
+        if v.state == HUNG and ranks:   # the ranks of its container that wait with it: hang-dump names the odd one
+            v.evidence.append(f"its ranks here: {', '.join(ranks)} (inv hang-dump shows where each waits)")
+        verdicts[name] = v
     return [verdicts[svc.name] for svc in services]
 
 
