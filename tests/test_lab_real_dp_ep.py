@@ -33,9 +33,9 @@ def test_both_dp_engines_start_and_the_first_request_kills_them_as_health_shows(
         doc = json.loads(h.stdout)
         assert h.returncode == 1 and not doc["ok"]
         chat = next(p for p in doc["data"]["probes"] if p["name"] == "chat completion")
-        assert not chat["ok"] and chat["detail"].startswith("HTTP 500"), chat
-        slash = next(p for p in doc["data"]["probes"] if p["name"] == "/health")
-        assert slash["ok"], slash          # /health said 200 just before: only a real request shows it
+        # the first request kills the engines (health's own, or the hung verdict's probes sent beside it): HTTP 500,
+        # or no answer from the API server that its container's teardown took down with them
+        assert not chat["ok"] and chat["detail"].startswith(("HTTP 500", "no answer")), chat
         logs = run("logs", "--lines", "3000", inv=inv).stdout
         assert "Expert parallelism is enabled" in logs and "all_gatherv" in logs and "NotImplementedError" in logs
         # the API server goes down with its engine cores a few seconds after the request (7 s here): the

@@ -157,16 +157,17 @@ def test_a_stopped_worker_is_named_hung_within_18_s_while_health_answers_and_rec
         took = time.monotonic() - t0
         doc = json.loads(r.stdout)
         b = next(x for x in doc["data"]["ranks"] if x["host"] == "B")
-        probes = {p["name"]: p for p in doc["data"]["probes"]}
+        v = {x["service"]: x for x in doc["data"]["metrics"]["hung"]}
         assert r.returncode == 1 and took < 18, (took, r.stdout[-2000:])
         assert b["reasons"][0].startswith("hung: VLLM::Worker_TP1 (pid ") and "is stopped (state T" in b["reasons"][0]
-        assert probes["/health"]["detail"] == "HTTP 200", probes
-        assert probes["progress"]["detail"].startswith("hung: no token for the probe in 8 s and its token "
-                                                       "counters did not move (prompt_tokens_total "), probes
+        assert v["worker-1"]["state"] == "hung" and v["worker-1"]["evidence"][0].startswith(
+            "stopped: VLLM::Worker_TP1 (pid "), v
+        assert v["head"]["state"] == "hung" and v["head"]["evidence"][0].startswith(
+            "its probe got no token in 8 s and its token counters did not move (prompt_tokens_total "), v
         r = run("recover", inv=inv, timeout=600)
         done = [ln.strip() for ln in r.stdout.splitlines() if ln.strip().startswith("done: ")]
         assert r.returncode == 0 and "OK: head, worker-1 recovered" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
-        assert done[:2] == ["done: stopped head", "done: killed worker-1"], done
+        assert done[:2] == ["done: killed head", "done: killed worker-1"], done   # both hung: neither sees SIGTERM
         assert "done: started worker-1, head in stage order: ready" in done, done
     finally:
         faults.heal()
