@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 
 from .. import engines
-from ..checks.hang import DEAD, HUNG, OK, PS, UNKNOWN, Proc, Sample, Verdict, by_engine, hang_lines, judge_engines, \
-    parse_ps, role_of, stopped, tree
+from ..checks.hang import DEAD, HUNG, LOAD, OK, PS, UNKNOWN, Proc, Sample, Verdict, by_engine, hang_lines, \
+    judge_engines, parse_ps, role_of, stopped, tree
 from ..checks.probes import CHAT_PROBE
 from ..facts.probe import Section, joined_script, new_token, split_output
 from ..plan.spec import Endpoint, LaunchPlan, Service
@@ -49,14 +49,10 @@ class Answer:
 @dataclass
 class Survey:
     verdicts: list[Verdict]
-    hung_after_s: float = 20.0
 
     @property
     def bad(self) -> list[Verdict]:
         return [v for v in self.verdicts if v.bad]
-
-    def of(self, service: str) -> list[Verdict]:
-        return [v for v in self.verdicts if v.service == service]
 
 
 def api_of(plan: LaunchPlan, svc: Service) -> Endpoint | None:
@@ -110,8 +106,7 @@ def _look(s: Session, services: list[Service]) -> tuple[dict[int, Proc], dict[st
 def _metrics(s: Session, ep: Endpoint, progress: tuple[str, ...]) -> Sample:
     code, _, text, _ = request(s, ep, "/metrics", timeout=METRICS_LIMIT_S)
     at = time.time()
-    return Sample(by_engine(text, progress + ("vllm:num_requests_running", "vllm:num_requests_waiting"))
-                  if code == 200 else None, at)
+    return Sample(by_engine(text, progress + LOAD) if code == 200 else None, at)
 
 
 def _probe(s: Session, ep: Endpoint, limit: float, rank: int | None, into: dict[str, Answer]) -> None:
@@ -233,4 +228,4 @@ def survey(runner: Runner, plan: LaunchPlan, window_s: float | None = None) -> S
             verdicts[i] = Verdict(v.host, v.service, v.target, HUNG,
                                   [f"waits with its group {svc.group}: {g.host} {g.target} made no token "
                                    f"({g.evidence[0]})"] + v.evidence, "group")
-    return Survey(verdicts, window)
+    return Survey(verdicts)
