@@ -33,31 +33,16 @@ sys.path.insert(0, str(ROOT))
 
 import railyard_lab as lab  # noqa: E402
 from railyard_lab import faults  # noqa: E402
-from railyard_lab.checkpoint import write_checkpoint  # noqa: E402
+from benchmarks.bench_overhead import inv, serving  # noqa: E402  (the two-station lab served, as that one does)
 
 CHAT = json.dumps({"model": "railyard-lab/tiny-qwen3", "max_tokens": 4, "temperature": 0,
                    "messages": [{"role": "user", "content": "Reply with the single word: ready."}]})
-
-
-def inv(*args, env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True, env=env)
 
 
 def on(host: str, command: str) -> subprocess.CompletedProcess:
     h = lab.lab_host(lab.lab_dir(), host)
     return lab.in_host(h, "env", *(f"{k}={v}" for k, v in lab.session_env(h).items()), "bash", "-c", command,
                        check=False)
-
-
-def serving(env) -> None:
-    if inv("health", "--json", env=env).returncode == 0:
-        return
-    for h in ("A", "B"):
-        write_checkpoint(lab.lab_dir() / "hosts" / h / "home" / "models" / "tiny-qwen3", 0.002, 2)
-    for step in (("env",), ("launch", "--recreate")):
-        r = inv(*step, env=env)
-        if r.returncode:
-            sys.exit(f"inv {' '.join(step)} failed: {r.stderr.strip()[-300:]}")
 
 
 def railyard(env) -> tuple[float, bool, str]:
