@@ -74,8 +74,11 @@ def test_moved_counters_are_busy_idle_is_not_judged_zero_is_cold_and_unread_is_u
     assert cold[0] == "ok" and cold[1].startswith("cold: no token made since it started")
     assert judge_engines(at(T0, still), at(T0 + 21, None), PROGRESS, 18, held) == {
         "0": ("unknown", "its /metrics could not be read twice")}
-    # reads closer than the window, or an engine that answered: no verdict of hung
-    assert judge_engines(at(T0, still), at(T0 + 3, still), PROGRESS, 18, held)["0"][0] == "ok"
+    # a probe that ended without a token before the window (an error, not a wait): no verdict either way
+    assert judge_engines(at(T0, still), at(T0 + 3, still), PROGRESS, 18, held)["0"] == (
+        "unknown", "its probe ended after 3 s without a token, under the 18 s window: not judged")
+    # reads closer than the window without a probe, or an engine that answered: no verdict of hung
+    assert judge_engines(at(T0, still), at(T0 + 3, still), PROGRESS, 18, {})["0"][0] == "ok"
     assert judge_engines(at(T0, still), at(T0 + 21, still), PROGRESS, 18, {"0": True})["0"] == ("ok", "answered its probe")
 
 
@@ -169,6 +172,29 @@ def test_an_engine_that_answers_is_ok_and_one_with_nothing_listening_is_a_dead_a
     s.on(re.compile(r"."), (7, "\n@@000 0.0 ", refused))
     v = hung._probe_engine(s, plan.service(plan.endpoint.service), plan.endpoint, 20.0, [])
     assert v.state == "dead" and v.source == "api" and "the API process is gone" in v.evidence[0]
+
+
+def test_a_probe_that_failed_without_waiting_is_sent_again_and_one_that_keeps_failing_is_not_judged(monkeypatch):
+    """The probe is the load the verdict judges: a request that got no HTTP answer at once (a reset connection, a
+    session's channel) is sent again within the limit; an engine that then answers is ok. One answered with an
+    HTTP error before the window is unknown, naming what it got, never ok and never hung."""
+    monkeypatch.setattr(hung, "RESEND_S", 0.01)
+    reset = "curl: (56) Recv failure: Connection reset by peer"
+    from .test_plan import station_plan
+    _, plan, _ = station_plan()
+    clock = [T0]
+    monkeypatch.setattr(hung.time, "time", lambda: clock[0])
+    chats = iter([(56, "\n@@000 0.00 ", reset), (0, ANSWER + "\n@@200 0.20 ")])
+    s = FakeSession(Host("A", 0, "198.18.0.11", 22, "root", "ssh", "", {}, {}))
+    s.on(re.compile(r"/metrics\b"), (0, IDLE + "\n@@200 0.01 "))
+    s.on(re.compile(r"/v1/chat/completions\b"), lambda _: next(chats))
+    v = hung._probe_engine(s, plan.service(plan.endpoint.service), plan.endpoint, 20.0, [])
+    assert (v.state, v.evidence) == ("ok", ["answered its probe"])
+    assert len([c for c in s.calls if "chat/completions" in c]) == 2
+    v, _ = engine_verdict(monkeypatch, [busy(812, 4096, 0), busy(812, 4096, 0)],
+                          [(500, '{"error": "EngineCore encountered an issue"}')])
+    assert (v.state, v.evidence) == ("unknown", ['its probe got HTTP 500: {"error": "EngineCore encountered an issue"}: '
+                                                 'not judged']), v.evidence
 
 
 def test_a_dp_engine_gets_one_probe_per_rank_at_once(monkeypatch):

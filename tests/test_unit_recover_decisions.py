@@ -174,6 +174,21 @@ def test_a_healthy_group_has_nothing_to_recover_and_an_unreachable_host_blocks_i
     assert rec.path == "blocked" and rec.why == ["B did not answer: its services' state is not known"]
 
 
+def test_nothing_to_recover_stands_only_on_read_verdicts_an_unread_one_blocks_recover():
+    """CI saw it once on the real pd engines: health named prefill-0 hung, then recover's look could not judge
+    it and answered "nothing to recover" with a pass. An unknown verdict is no pass: recover is blocked, naming it."""
+    from railyard.checks.hang import Verdict
+    from railyard.verbs.hung import Survey
+    from railyard.verbs.recover import unless_unread
+    inv, plan, hosts = two_stations()
+    seen = [Verdict("A", "head", "head (rank 0)", "unknown", ["its /metrics could not be read twice"], "counters")]
+    rec = unless_unread(group_survey(inv, plan, hosts, seen), Survey(seen))
+    assert rec.path == "blocked" and not rec.ok and not rec.services
+    assert rec.why == ["A head (rank 0): unknown: its /metrics could not be read twice"]
+    read = [Verdict("A", "head", "head (rank 0)", "ok", ["answered its probe"], "counters")]
+    assert unless_unread(group_survey(inv, plan, hosts, read), Survey(read)).path == "none"
+
+
 # ---------------------------------------------------------------- the restart budget
 
 def test_the_budget_counts_restarts_of_a_service_inside_the_window_only():

@@ -189,7 +189,8 @@ def judge_engines(before: Sample, after: Sample, progress: tuple[str, ...], wind
     reads, not all 0, the reads at least window_s apart, and its probe unanswered or requests running or waiting
     on it at both reads. vLLM publishes an engine's running and waiting counts when a step completes, so a step
     that never completes leaves them as they were: the probe held in flight is the load that is certain. Moved is
-    busy and 0 is cold (not hung, `ok`); counters that could not be read twice are `unknown`."""
+    busy and 0 is cold (not hung, `ok`); counters that could not be read twice, or a probe that ended without a
+    token before the window (an error, not a wait), are `unknown`: no verdict either way."""
     if before.engines is None or after.engines is None:
         return {label: (UNKNOWN, "its /metrics could not be read twice") for label in answered or {"0": False}}
     span = after.at - before.at
@@ -212,6 +213,9 @@ def judge_engines(before: Sample, after: Sample, progress: tuple[str, ...], wind
                           + f" in {span:.0f} s)")
         elif not held and not loaded:
             out[label] = (OK, f"idle: no probe and no request on it ({seen})")
+        elif span < window_s and held:
+            out[label] = (UNKNOWN, f"its probe ended after {span:.0f} s without a token, under the {window_s:.0f} s "
+                                   f"window: not judged")
         elif span < window_s:
             out[label] = (OK, f"{running}; read {span:.0f} s apart, under the {window_s:.0f} s window")
         elif not any(a.get(k, 0) for k in progress):

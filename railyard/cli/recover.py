@@ -33,7 +33,7 @@ def recover(inventory=None, replica=None, dry_run=False, timeout=None, drain_tim
     if rec.failure:
         con.print(Text(f"FAILED: {rec.failure}", style="bold red"))
     elif rec.path == "blocked":
-        con.print(Text("FAILED: recover does not touch a process it did not start", style="bold red"))
+        con.print(Text("FAILED: blocked: nothing was changed (why: above)", style="bold red"))
     elif not dry_run and rec.path != "none":
         con.print(Text(f"OK: {', '.join(rec.services)} recovered", style="bold green"))
     return 0 if rec.ok else 1

@@ -35,6 +35,8 @@ LOG_LINES = 2000          # of each engine's log, grepped on the host
 # curl's words when nothing listens on the port (exit 7): 8.x "Couldn't connect to server", older "Connection refused"
 CONNECT_ERRORS = ("Failed to connect", "Connection refused", "Couldn't connect")
 METRICS_LIMIT_S = 4       # /metrics answers in milliseconds; an API that does not is judged by its probe
+WAITED = ("timed out", "did not finish within")   # curl's (28), the session's own timeout: the probe waited
+RESEND_S = 1              # a probe that failed without waiting is sent again after this, while its limit lasts
 RECENT_S = 90             # a hang line counts while it is this recent (vLLM repeats it every 60 s while it waits)
 
 
@@ -110,11 +112,20 @@ def _metrics(s: Session, ep: Endpoint, progress: tuple[str, ...]) -> Sample:
 
 
 def _probe(s: Session, ep: Endpoint, limit: float, rank: int | None, into: dict[str, Answer]) -> None:
-    """One chat completion within `limit` s, to one DP rank (vLLM's X-data-parallel-rank header) or to the API."""
+    """A chat completion held for `limit` s, to one DP rank (vLLM's X-data-parallel-rank header) or to the API:
+    a request that got no HTTP answer and did not wait (its session's channel, a reset connection: not curl's
+    timeout) is sent again within the limit, so the probe in flight is the load the verdict judges; a refused connection is the
+    answer (nothing listens), as is any HTTP answer."""
     body = CHAT_PROBE | {"model": ep.model}
-    code, ms, text, _ = request(s, ep, "/v1/chat/completions", body, timeout=int(limit),
-                                headers=(("X-data-parallel-rank", str(rank)),) if rank is not None else ())
-    into[str(rank or 0)] = Answer(code, ms, text)
+    deadline = time.monotonic() + limit
+    while True:
+        left = deadline - time.monotonic()
+        code, ms, text, _ = request(s, ep, "/v1/chat/completions", body, timeout=max(1, round(left)),
+                                    headers=(("X-data-parallel-rank", str(rank)),) if rank is not None else ())
+        into[str(rank or 0)] = Answer(code, ms, text)
+        if code or any(w in text for w in CONNECT_ERRORS + WAITED) or deadline - time.monotonic() < RESEND_S:
+            return
+        time.sleep(RESEND_S)
 
 
 def _host_survey(s: Session, plan: LaunchPlan, window_s: float) -> list[Verdict]:
@@ -186,8 +197,15 @@ def _probe_engine(s: Session, svc: Service, ep: Endpoint, window_s: float, lines
         return Verdict(s.host.name, svc.name, target, DEAD,
                        [f"nothing answers on its API port {ep.port} while its container runs (the API process is "
                         f"gone): {refused[0].text[:120]}"], "api")
-    answered = {str(r): str(r) in got and got[str(r)].code == 200 for r in range(n)}
+    # each probe: answered (200), held (no answer while it waited: curl's timeout, or none back), or failed (an
+    # HTTP error, or no answer without waiting once resent within the limit): failed is judged on nothing
+    failed = {label: a for label, a in got.items()
+              if a.code not in (0, 200) or (a.code == 0 and not any(w in a.text for w in WAITED))}
+    answered = {str(r): str(r) in got and got[str(r)].code == 200 for r in range(n) if str(r) not in failed}
     judged = judge_engines(before, after, engine.progress, window_s * 0.9, answered)
+    for label, a in failed.items():
+        judged[label] = (UNKNOWN, "its probe got " + (f"HTTP {a.code}: " if a.code else "no answer: ")
+                         + (" ".join(a.text.split())[:160] or "nothing") + ": not judged")
     many = len(judged) > 1
     hung = {label: why for label, (state, why) in judged.items() if state == HUNG}
     if lines and not all(answered.values()):

@@ -13,7 +13,8 @@ the group path:
                  stage starts in order and is gated as `inv start` gates it (the workers before the
                  head, whose gate waits for them), the layout's final gate last. A rank of a
                  tensor-parallel group cannot rejoin a running group: the group restarts whole.
-    blocked      a host did not answer: nothing is touched.
+    blocked      a host did not answer, or nothing is bad but a verdict could not be read (`unknown`: its
+                 /metrics or its probe failed): nothing is touched, and recover does not say it serves.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..apply import executor as ops
 from ..apply.executor import Show
 from ..apply.lock import HeadLock, lock_host
 from ..apply.recovery import Book, Recovery, take_down
-from ..checks.hang import fold
+from ..checks.hang import UNKNOWN, fold
 from ..errors import LaunchError, UsageError
 from ..facts.docker import inspect
 from ..inventory import Inventory
@@ -50,6 +51,7 @@ def recover(inv: Inventory, target: str | None, dry_run: bool, timeout: float | 
                 raise UsageError(f"--replica {target}: layout {plan.layout} restarts its services as one group "
                                  f"(--replica names a replica of serve_layout {have})")
             rec = survey_group(plan, runner, found)
+        rec = unless_unread(rec, found)
         if rec.path in ("none", "blocked"):
             return plan, rec
         book = Book.open(inv, plan, runner)
@@ -69,6 +71,17 @@ def recover(inv: Inventory, target: str | None, dry_run: bool, timeout: float | 
             note = book.add(rec, started)
         rec.done.append(note or f"recorded in {book.where}")
         return plan, rec
+
+
+def unless_unread(rec: Recovery, found: Survey) -> Recovery:
+    """Nothing to recover stands only on verdicts that were read: where nothing is bad but a verdict is
+    `unknown` (its /metrics or its probe failed), recover is blocked, naming it. Pure."""
+    unread = [v for v in found.verdicts if v.state == UNKNOWN]
+    if rec.path != "none" or not unread:
+        return rec
+    return Recovery("blocked", [], [v.line() for v in unread],
+                    ["nothing: a verdict not read is no reason to restart, nor proof that it serves; `inv health` "
+                     "shows what answers; then run `inv recover` again"])
 
 
 def decide_group(plan: LaunchPlan, healths: list, host_reached: dict[str, bool]) -> Recovery:
