@@ -10,11 +10,12 @@ import sys
 
 from invoke import Collection, Task
 
-from railyard.cli import (bench, capacity, collect, export, hang, health, hosts, nccl, preflight, recover, serve, sync,
-                          verify)
+from railyard.cli import (bench, capacity, collect, export, hang, health, hosts, nccl, preflight, rdma, recover, serve,
+                          sync, verify)
 
 ns = Collection()
-for module in (preflight, hosts, sync, serve, verify, health, recover, nccl, capacity, export, collect, bench, hang):
+for module in (preflight, hosts, sync, serve, verify, health, recover, nccl, rdma, capacity, export, collect, bench,
+               hang):
     for value in vars(module).values():
         if isinstance(value, Task):
             ns.add_task(value)

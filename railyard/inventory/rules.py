@@ -92,6 +92,9 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "sync_streams": (1, 64), "sync_bwlimit_mbps": (0, 1_000_000), "sync_timeout_s": (1, 604_800),
     "sync_io_timeout_s": (5, 86_400), "sync_rsyncd_port": (0, 65535), "pd_kv_lease_s": (0, 86_400),
     "recover_restart_budget": (1, 1000), "recover_budget_window_s": (1, 604_800),
+    "rdma_test_duration_s": (1, 3600), "rdma_test_qps": (1, 64), "rdma_test_size": (2, 1 << 30),
+    "rdma_test_port": (1024, 65000), "rdma_test_min_fraction": (0.0, 1.0), "rdma_test_min_gpu_ratio": (0.0, 1.0),
+    "rdma_test_max_lat_us": (0.1, 100_000),
 }
 
 
