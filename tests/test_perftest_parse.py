@@ -145,3 +145,11 @@ def test_sysfs_rate_values_as_ibstatus_prints_them():
     assert parse_sysfs_rate("400 Gb/sec (4X NDR)\n") == 400.0
     with pytest.raises(ParseError):
         parse_sysfs_rate("")
+
+
+def test_server_that_dies_after_its_banner():
+    text = pt("libfabric-5149_write_bw_server_couldnt_create_qp.txt")
+    run = parse(text)
+    assert waiting(text) and run.bw is None
+    assert run.error == ("Couldn't get device attributes\nUnable to create QP.\nFailed to create QP.\n"
+                         "Couldn't create IB resources")
