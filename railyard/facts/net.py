@@ -154,6 +154,14 @@ def ethtool_section(rail: str) -> Section:
     return Section("ethtool", cmd("ethtool", rail), "ethtool")
 
 
+def rail_speeds_section() -> Section:
+    """`ethtool` of every netdev ibdev2netdev maps an HCA to (a host's rails before any inventory names them), each
+    an `@@peer NETDEV rc=N` block (probe.split_blocks; parse_ethtool per block)."""
+    return Section("ethtool", Sh("for d in $(ibdev2netdev 2>/dev/null | awk '{print $5}' | sort -u); do "
+                                 "o=$(ethtool \"$d\" 2>&1); printf '@@peer %s rc=%s\\n%s\\n' \"$d\" \"$?\" \"$o\"; done"),
+                   "ethtool")
+
+
 @dataclass(frozen=True)
 class Ethtool:
     speed_mbps: int | None
