@@ -100,10 +100,14 @@ LAB_IMAGES = {
     ROUTER_IMAGE_NAME: {"digest": ROUTER_IMAGE_DIGEST, "config": {
         "Env": _IMAGE_PATH, "Entrypoint": ["vllm-router"], "WorkingDir": "/app"}},
 }
+NCCL_LIB_TEXT = b"railyard lab stand-in for NCCL\0NCCL version 2.30.7+cuda13.0\0"
 SIM_TOOLS = ("ibdev2netdev", "show_gids", "nvidia-smi", "lscpu", "timedatectl", "docker", "chronyc", "dmesg",
              "lsmod", "ibv_devinfo", "lspci", "ethtool")
 HOST_TOOLS = ("vllm",)  # installed on the host itself (outside containers) where the shape says so
 SIM_SOURCE = Path(__file__).parent / "sim" / "tools.py"
+# perftest and ibstat stand-ins (sim/perftest.py): real TCP between the ends, figures from the rail
+PERFTEST_TOOLS = ("ib_write_bw", "ib_write_lat", "ib_send_lat", "ibstat")
+PERFTEST_SOURCE = Path(__file__).parent / "sim" / "perftest.py"
 VLLM_SOURCE = Path(__file__).parent / "sim" / "vllm.py"
 ENGINE_SOURCE = Path(__file__).parent / "sim" / "engine.py"  # the real engine inside the GPU layer
 ENGINE_SITE_SOURCE = Path(__file__).parent / "sim" / "engine_site.py"  # the real engine's sitecustomize
@@ -212,6 +216,21 @@ GPU_MODELS = {
 # socket 0, 4-7 under socket 1; each rail NIC sits on the PCIe switch of its GPU, one bus number below it.
 HGX_GPU_BUSES = (0x19, 0x3B, 0x4C, 0x5D, 0x9B, 0xBB, 0xCB, 0xDB)
 
+# The rail NICs, as perftest and ibstat stand-ins read them (sim/perftest.py). rate_gbps: the port's negotiated
+# rate (sysfs `rate`, ibstat `Rate:`): a DGX Station's ConnectX-8 rails at 400G (the README's two stations joined
+# by 400G ConnectX-8 RoCE rails), an HGX H200/B200 server's ConnectX-7 at 400G NDR (NVIDIA's DGX H200/B200
+# compute fabric: eight ConnectX-7 400 Gb/s OSFP ports). eff/eff_1qp: the share of that rate a healthy link moves
+# in host memory with several QPs / one QP at 1 MiB: about 0.95 with -q 4 (field notes: host memory reads ~0.95,
+# Azure asks 360 of 400 even in GPU memory); one QP on a Station reads 55-58 % (NVIDIA's two-Station playbook,
+# "functional, below line rate"), one QP on a ConnectX-7 NDR port 392.34 of 400 Gb/s (the csegpu capture in
+# tests/fixtures/real/perftest/). lat_us: a healthy 2-byte write latency (spark-vllm-docker's capture: 1.47 us).
+NIC_MODELS = {
+    "ConnectX-8": {"model": "ConnectX-8", "rate_gbps": 400, "eff": 0.95, "eff_1qp": 0.57, "lat_us": 1.47,
+                   "fw": "40.45.1200", "part_id": 4131},
+    "ConnectX-7": {"model": "ConnectX-7", "rate_gbps": 400, "eff": 0.96, "eff_1qp": 0.98, "lat_us": 1.47,
+                   "fw": "28.45.4028", "part_id": 4129},
+}
+
 SHAPES = {
     "station": {
         "rails": _rails(("cx8r0", "cx8r1")), "serve_rail": "cx8r1", "gpu_name": "GB300", "cpu": "grace",
@@ -256,14 +275,15 @@ def host_shape(shape: str, gpu: str, host: str) -> dict:
              "bus": "00000008:06:00.0", "total": 284208, "base": 1, "procs": [],
              "power": "237W / 1400W", "fan": "N/A", "ecc": "0", "persist": "On", "display": False, "numa": 0},
         ]
-        nics = [{"hca": hca, "numa": 0, "near_gpu": None} for _, hca, _ in rails]
+        nics = [{"hca": hca, "numa": 0, "near_gpu": None, **NIC_MODELS["ConnectX-8"]} for _, hca, _ in rails]
     else:
         m = GPU_MODELS[gpu]
         gpus = [{"name": m["name"], "short": m["name"], "uuid": _uuid(f"{host}{gpu}{i}"),
                  "bus": f"00000000:{b:02X}:00.0", "total": m["total"], "base": 0, "procs": [],
                  "power": m["power"] % (m["idle_w"] + (i * 7) % 5 - 2), "fan": "N/A", "ecc": "0", "persist": "On",
                  "display": False, "numa": 0 if i < 4 else 1} for i, b in enumerate(HGX_GPU_BUSES)]
-        nics = [{"hca": hca, "numa": 0 if k < 4 else 1, "near_gpu": k} for k, (_, hca, _) in enumerate(rails)]
+        nics = [{"hca": hca, "numa": 0 if k < 4 else 1, "near_gpu": k, **NIC_MODELS["ConnectX-7"]}
+                for k, (_, hca, _) in enumerate(rails)]
     cpu = CPUS[sh_["cpu"]]
     return {"shape": shape, "gpu_model": gpu_model_of(shape, gpu), "hcas": {hca: n for n, hca, _ in rails},
             "serve_rail": sh_["serve_rail"], "gpus": gpus, "nics": nics, "nvlink": sh_["nvlink"],
@@ -360,6 +380,11 @@ class LabHost:
     def sshd_log(self) -> Path:
         """sshd's own log (its errors: LogLevel ERROR), where a failed test's report reads its last lines."""
         return self.dir / "sshd.log"
+
+    @property
+    def hosts_file(self) -> Path:
+        """The host's /etc/hosts (bind-mounted over it in the host's mount namespace)."""
+        return self.dir / "etc-hosts"
 
     @property
     def host_key(self) -> Path:
@@ -687,7 +712,8 @@ def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200", engine: s
     nccl = image / "site" / "nvidia" / "nccl"
     (nccl / "lib").mkdir(parents=True, exist_ok=True)
     (nccl / "__init__.py").write_text("")
-    (nccl / "lib" / "libnccl.so.2").write_text("railyard lab stand-in for NCCL 2.30.7\n")
+    # as a real build carries it: NCCL's VERSION_STRING, NUL-terminated (what preflight's nccl_lib reads)
+    (nccl / "lib" / "libnccl.so.2").write_bytes(NCCL_LIB_TEXT)
     # the real LMCache server and LiteLLM proxy (components.py's venvs), as the images' programs
     from . import components
     lmc = components.program("lmcache")
@@ -705,6 +731,11 @@ def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200", engine: s
     (image / "bin" / "vllm-router").write_text(
         f"#!/bin/sh\nunset PYTHONPATH\nexec {components.program('vllm-router')} \"$@\"\n")
     os.chmod(image / "bin" / "vllm-router", 0o755)
+    perftest = root / "sim" / "perftest.py"
+    tmp = perftest.with_suffix(".new")
+    tmp.write_text(f"#!{SYSTEM_PYTHON} -SI\n" + PERFTEST_SOURCE.read_text().split("\n", 1)[1])
+    os.chmod(tmp, 0o755)
+    tmp.replace(perftest)
     _build_memlock_shim(root / "sim")
     config = {"lab_dir": str(root), "image": LAB_IMAGE_NAME, "image_digest": LAB_IMAGE_DIGEST,
               "images": {name: i["config"] for name, i in LAB_IMAGES.items()},
@@ -720,6 +751,10 @@ def _install_sims(root: Path, hosts: list[LabHost], gpu: str = "H200", engine: s
                 continue
             if not link.is_symlink():
                 link.symlink_to(sim)
+        for tool in PERFTEST_TOOLS:
+            link = h.bin / tool
+            if tool not in removed and not link.is_symlink():
+                link.symlink_to(perftest)
         for tool in SHAPES[h.shape]["host_tools"]:  # e.g. a host-level vLLM (the image's stand-in)
             link = h.bin / tool
             if not link.is_symlink():
@@ -792,7 +827,10 @@ def _ensure_anchor(h: LabHost) -> None:
     takes two ranks that see one segment for ranks of one node)."""
     if _pid_alive(_read_pid(h.anchor_pid_file)):
         return
-    script = (f"mount --bind {h.home} /root && hostname {h.name} && "
+    # the host's own /etc/hosts, as a real host's: its name resolves to its management address (what torch's
+    # Gloo binds without GLOO_SOCKET_IFNAME); a fault rewrites it in place (gloo-loopback)
+    h.hosts_file.write_text(hosts_file_text(h))
+    script = (f"mount --bind {h.home} /root && mount --bind {h.hosts_file} /etc/hosts && hostname {h.name} && "
               f"mount -t tmpfs -o mode=1777,nosuid,nodev railyard-shm /dev/shm && "
               f"mkdir -p /run/sshd && exec sleep infinity")
     p = subprocess.Popen(["ip", "netns", "exec", h.ns, "unshare", "-m", "-u", "--propagation", "private",
@@ -812,6 +850,12 @@ def _ensure_anchor(h: LabHost) -> None:
             return
         time.sleep(0.01)
     raise LabError(f"lab: host {h.name}: namespace anchor did not start")
+
+
+def hosts_file_text(h: LabHost, own: str | None = None) -> str:
+    """/etc/hosts of a lab host: localhost, then its own name at `own` (default: its management address)."""
+    return (f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"{own or h.mgmt_ip}\t{h.name}\n")
 
 
 def anchor_pid(h: LabHost) -> int:

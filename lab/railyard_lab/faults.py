@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from railyard.errors import UsageError
-from . import (SIM_TOOLS, LabError, LabHost, _pid_alive, hosts_of, in_host, lab_dir, lab_host,
+from . import (PERFTEST_TOOLS, SIM_TOOLS, LabError, LabHost, _pid_alive, hosts_of, in_host, lab_dir, lab_host,
                restart_sshd, session_env, sh, start_sshd, stop_sshd)
 
 
@@ -117,6 +117,42 @@ def _port_block(h, value):
 
 def _port_block_heal(h, value):
     in_host(h, "nft", "delete", "table", "inet", "railyard_lab_ports", check=False)
+
+
+VETH_MBIT = 10000   # a lab rail's line rate (a veth: `ethtool` reports 10000Mb/s)
+
+
+def _rail_slow_target(h: LabHost, value: str | None) -> tuple[str, float]:
+    rail, _, frac = (value or "").rpartition(":") if ":" in (value or "") else ("", "", value or "0.4")
+    rail = rail or h.serve_rail
+    if rail not in [name for name, _, _ in h.rails]:
+        raise UsageError(f"lab.fault rail-slow: {h.name} has no rail {rail!r} (one of "
+                         f"{', '.join(name for name, _, _ in h.rails)})")
+    try:
+        fraction = float(frac or "0.4")
+    except ValueError:
+        fraction = -1.0
+    if not 0 < fraction < 1:
+        raise UsageError(f"lab.fault rail-slow: {value!r}: FRACTION or RAIL:FRACTION, 0 < FRACTION < 1")
+    return rail, fraction
+
+
+def _rail_slow(h, value):
+    """A rail that links up at its rate and moves a fraction of it (a bad cable, a PCIe link trained down): a real
+    token-bucket qdisc on the rail netdev in the host's namespace at FRACTION of the veth's 10000 Mbit/s (default
+    0.4, the serving rail; RAIL:FRACTION for another). Every TCP flow over that rail is throttled for real; the
+    perftest stand-in reads the qdisc (`tc -j qdisc show dev RAIL`) and scales that rail's figures, on this host's
+    end only. ibstat and sysfs keep the negotiated rate."""
+    rail, fraction = _rail_slow_target(h, value)
+    mbit = max(1, int(VETH_MBIT * fraction))
+    in_host(h, "tc", "qdisc", "replace", "dev", rail, "root", "tbf", "rate", f"{mbit}mbit", "burst", "1mb",
+            "latency", "50ms")
+    return f"{rail}:{fraction:g}"
+
+
+def _rail_slow_heal(h, value):
+    rail = (value or "").rpartition(":")[0] or h.serve_rail
+    in_host(h, "tc", "qdisc", "del", "dev", rail, "root", check=False)
 
 
 def _link_down(h, value):
@@ -561,8 +597,8 @@ def _host_key_heal(h, value):
 
 def _missing_tool(h, value):
     tool = value or "ibdev2netdev"
-    if tool not in SIM_TOOLS:
-        raise UsageError(f"lab.fault missing-tool: {tool!r}: one of {', '.join(SIM_TOOLS)}")
+    if tool not in SIM_TOOLS + PERFTEST_TOOLS:
+        raise UsageError(f"lab.fault missing-tool: {tool!r}: one of {', '.join(SIM_TOOLS + PERFTEST_TOOLS)}")
     (h.bin / tool).unlink(missing_ok=True)
     gone = set(json.loads(_read(h, "missing-tools.json") or "[]")) | {tool}
     _write(h, "missing-tools.json", json.dumps(sorted(gone)))
@@ -574,7 +610,7 @@ def _missing_tool_heal(h, value):
     for tool in gone:
         link = h.bin / tool
         if not link.is_symlink():
-            link.symlink_to(h.root / "sim" / "tools.py")
+            link.symlink_to(h.root / "sim" / ("perftest.py" if tool in PERFTEST_TOOLS else "tools.py"))
     _remove(h, "missing-tools.json")
 
 
@@ -638,6 +674,89 @@ def _version(kind: str, default: str):
     return inject
 
 
+# ---------------------------------------------------------------- host regressions (preflight: cma, nccl_conf,
+# nccl_lib, gloo_iface)
+
+def _cma_zero(h, value):
+    """The linux-nvidia 7.0 kernels' KHO scratch area (NV-Kernels #591): /proc/meminfo reads `CmaTotal: 0 kB` with
+    CmaFree MIB (default 9.5 GiB). The kernel's own file cannot be changed, so the host's mount namespace gets a copy
+    of it with those two lines, bind-mounted over /proc/meminfo (as lxcfs shows a container its own)."""
+    mib = value or "9728"
+    if not mib.isdigit():
+        raise UsageError(f"lab.fault cma-zero: {mib!r} is not a number of MiB (CmaFree)")
+    _cma_heal(h, None)
+    lines = [line for line in Path("/proc/meminfo").read_text().splitlines() if not line.startswith("Cma")]
+    at = next((i for i, line in enumerate(lines) if line.startswith("HugePages_Total")), len(lines))
+    lines[at:at] = [f"{'CmaTotal:':<16}{0:>8} kB", f"{'CmaFree:':<16}{int(mib) * 1024:>8} kB"]
+    _write(h, "meminfo", "\n".join(lines) + "\n")
+    in_host(h, "mount", "--bind", str(h.state / "meminfo"), "/proc/meminfo")
+    return mib
+
+
+def _cma_heal(h, value):
+    while in_host(h, "umount", "/proc/meminfo", check=False).returncode == 0:
+        pass
+    _remove(h, "meminfo")
+
+
+def _layer_file(h: LabHost, path: str) -> Path:
+    """PATH in this host's copy of the lab's vLLM image (the docker stand-in overlays it in its containers)."""
+    from . import LAB_IMAGE_NAME
+    return h.dir / "docker" / "layers" / re.sub(r"[^A-Za-z0-9_.-]", "_", LAB_IMAGE_NAME) / path.lstrip("/")
+
+
+NCCL_CONF_DEFAULT = "NCCL_IB_DISABLE=1;NCCL_SOCKET_IFNAME=eth0"
+
+
+def _nccl_conf(h, value):
+    """An /etc/nccl.conf in this host's image: VALUE's lines, `;` between them (default: TCP instead of RDMA, and
+    an interface railyard's env overrides)."""
+    text = value or NCCL_CONF_DEFAULT
+    f = _layer_file(h, "/etc/nccl.conf")
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text("\n".join(text.split(";")) + "\n")
+    return text
+
+
+def _nccl_conf_heal(h, value):
+    _layer_file(h, "/etc/nccl.conf").unlink(missing_ok=True)
+
+
+def _nccl_lib_path(h: LabHost) -> str:
+    return str(h.root / "sim" / "image" / "site" / "nvidia" / "nccl" / "lib" / "libnccl.so.2")
+
+
+def _nccl_lib(h, value):
+    """Another libnccl.so.2 build where this host's image keeps it (the one vLLM loads): NCCL VALUE (default
+    2.27.3+cuda12.9), as a real build carries its version string."""
+    v = value or "2.27.3+cuda12.9"
+    if not re.fullmatch(r"\d+\.\d+\.\d+\S*", v):
+        raise UsageError(f"lab.fault nccl-lib: {v!r} is not a build like 2.27.3+cuda12.9")
+    f = _layer_file(h, _nccl_lib_path(h))
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_bytes(b"railyard lab stand-in for NCCL, another build\0NCCL version " + v.encode() + b"\0")
+    return v
+
+
+def _nccl_lib_heal(h, value):
+    _layer_file(h, _nccl_lib_path(h)).unlink(missing_ok=True)
+
+
+def _gloo_loopback(h, value):
+    """Debian's installer line: the host's name at 127.0.1.1 in its /etc/hosts (written in place: it is
+    bind-mounted over /etc/hosts in the host's mount namespace)."""
+    from . import hosts_file_text
+    with open(h.hosts_file, "w") as f:
+        f.write(hosts_file_text(h, "127.0.1.1"))
+    return "127.0.1.1"
+
+
+def _gloo_loopback_heal(h, value):
+    from . import hosts_file_text
+    with open(h.hosts_file, "w") as f:
+        f.write(hosts_file_text(h))
+
+
 def _anchor(h: LabHost) -> int:
     from . import anchor_pid
     return anchor_pid(h)
@@ -652,6 +771,11 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
     "port-block": (_port_block, _port_block_heal, "a host firewall drops TCP to PORT arriving on the serving rail "
                    "(default 29501, the master port); ping and SSH still pass"),
     "link-down": (_link_down, _link_heal, "take the serving rail's link down"),
+    "rail-slow": (_rail_slow, _rail_slow_heal, "throttle a rail to FRACTION of its rate (default 0.4 of the "
+                  "serving rail; RAIL:FRACTION for another) with a real tc tbf qdisc: it links up at full rate, "
+                  "perftest reads that rail lower on this host's end"),
+    "perftest-down": (_flag("perftest-down"), _state_heal("perftest-down"), "the host's perftest server never "
+                      "serves: it prints its banner, then fails to create its QP and exits at once"),
     "engine-hang": (_engine_hang, _engine_hang_heal, "stop (SIGSTOP) the engine processes of the host's containers, "
                     "or of container SERVICE: alive, holding their GPUs, their API still up, making no progress"),
     "engine-stall": (_engine_stall, _engine_stall_heal, "one engine rank of the host's containers, or of container "
@@ -698,6 +822,13 @@ FAULTS: dict[str, tuple[Callable, Callable, str]] = {
                     "climb (ethtool -S), as with a bad optic"),
     "driver-mismatch": (_version("driver-mismatch", "570.195.03"), _state_heal("driver-mismatch"),
                         "the host reports another NVIDIA driver version (default 570.195.03)"),
+    "cma-zero": (_cma_zero, _cma_heal, "/proc/meminfo reads CmaTotal 0 kB with CmaFree MIB (default 9728): the "
+                 "KHO scratch area of the linux-nvidia 7.0 kernels"),
+    "nccl-conf": (_nccl_conf, _nccl_conf_heal, "an /etc/nccl.conf in the host's image: VALUE's lines, ';' between "
+                  f"them (default {NCCL_CONF_DEFAULT})"),
+    "nccl-lib": (_nccl_lib, _nccl_lib_heal, "another libnccl.so.2 build in the host's image (default NCCL "
+                 "2.27.3+cuda12.9)"),
+    "gloo-loopback": (_gloo_loopback, _gloo_loopback_heal, "the host's name resolves to 127.0.1.1 (/etc/hosts)"),
 }
 
 

@@ -70,7 +70,7 @@ _BW_HEAD = re.compile(r"BW peak\[([A-Za-z/]+)\]")
 _LAT_HEAD = re.compile(r"t_min\[usec\]")
 _NUM = r"(\d+(?:\.\d+)?)"
 _BW_ROW = re.compile(rf"^\s*(\d+)\s+(\d+)\s+{_NUM}\s+{_NUM}\s+{_NUM}\s*$")
-_LAT_ROW = re.compile(rf"^\s*(\d+)\s+(\d+)" + rf"\s+{_NUM}" * 7 + r"\s*$")
+_LAT_ROW = re.compile(r"^\s*(\d+)\s+(\d+)" + rf"\s+{_NUM}" * 7 + r"\s*$")
 # the tool's own failure lines (perftest prints them on stderr; the verb reads both streams)
 _ERROR = re.compile(r"^\s*(?:Couldn't|Unable to|Failed to|failed to|IB device \S+ not found|ERRNO:|"
                     r"Completion with error|Perftest supports CUDA latency|CUDA DMA-BUF cannot|"

@@ -665,9 +665,10 @@ def ibv_devinfo(args):
         mtu = int(_sys(netdev, "mtu") or 1500)
         active = 4096 if mtu >= 4200 else 1024
         guid = f"a088:c203:00{i:02x}:5a20"
-        print(f"hca_id:\t{hca}\n\ttransport:\t\t\tInfiniBand (0)\n\tfw_ver:\t\t\t\t40.45.1200\n"
+        nic = next((n for n in shape()["nics"] if n["hca"] == hca), {})
+        print(f"hca_id:\t{hca}\n\ttransport:\t\t\tInfiniBand (0)\n\tfw_ver:\t\t\t\t{nic.get('fw', '40.45.1200')}\n"
               f"\tnode_guid:\t\t\t{guid}\n\tsys_image_guid:\t\t\t{guid}\n\tvendor_id:\t\t\t0x02c9\n"
-              f"\tvendor_part_id:\t\t\t4131\n\thw_ver:\t\t\t\t0x0\n\tboard_id:\t\t\tMT_0000001070\n"
+              f"\tvendor_part_id:\t\t\t{nic.get('part_id', 4131)}\n\thw_ver:\t\t\t\t0x0\n\tboard_id:\t\t\tMT_0000001070\n"
               f"\tphys_port_cnt:\t\t\t1\n\t\tport:\t1\n"
               f"\t\t\tstate:\t\t\t{'PORT_ACTIVE (4)' if up else 'PORT_DOWN (1)'}\n"
               f"\t\t\tmax_mtu:\t\t4096 (5)\n\t\t\tactive_mtu:\t\t{active} ({5 if active == 4096 else 3})\n"
@@ -1117,6 +1118,7 @@ def _write_state(name, **kw):
 
 
 RUN_SINGLE = {"--name": "name", "--gpus": "gpus", "--network": "network", "--ipc": "ipc", "--shm-size": "shm",
+              "--pull": "pull",
               "--entrypoint": "entrypoint", "--cpuset-cpus": "cpuset_cpus", "--cpuset-mems": "cpuset_mems"}
 RUN_MULTI = {"--device": "devices", "--cap-add": "caps", "--ulimit": "ulimits", "-v": "volumes", "--volume": "volumes"}
 
@@ -1124,7 +1126,7 @@ RUN_MULTI = {"--device": "devices", "--cap-add": "caps", "--ulimit": "ulimits", 
 def _parse_run(args):
     opts = {"env": [], "volumes": [], "devices": [], "caps": [], "ulimits": [], "labels": {}, "detach": False,
             "name": None, "gpus": None, "network": "bridge", "ipc": "", "shm": "", "entrypoint": None, "rm": False,
-            "cpuset_cpus": "", "cpuset_mems": ""}
+            "cpuset_cpus": "", "cpuset_mems": "", "pull": "missing"}
     with_value = set(RUN_SINGLE) | set(RUN_MULTI) | {"-e", "--env", "--label", "-l", "--env-file", "-w", "--workdir"}
     i = 0
     while i < len(args):
@@ -1269,6 +1271,9 @@ def _run(args):
         print(f"docker: Error response from daemon: {bad}.\nSee 'docker run --help'.", file=sys.stderr)
         return 125
     img = _find_image(image)
+    if img is None and opts["pull"] == "never":
+        print(f"docker: Error response from daemon: No such image: {image}.\nSee 'docker run --help'.", file=sys.stderr)
+        return 125
     if img is None:
         print(f"Unable to find image '{image}' locally", file=sys.stderr)
         print(f"docker: Error response from daemon: pull access denied for {image.split('@')[0].split(':')[0]}, "
@@ -1301,7 +1306,8 @@ def _run(args):
                           "Ulimits": [_ulimit(u) for u in opts["ulimits"]],
                           "DeviceRequests": [opts["gpu_request"]] if opts["gpus"] else None,
                           "CpusetCpus": opts["cpuset_cpus"], "CpusetMems": opts["cpuset_mems"],
-                          "AutoRemove": opts["rm"]}}
+                          # an attached `--rm` run is removed by its client, once it has printed the output
+                          "AutoRemove": opts["rm"] and opts["detach"]}}
     os.makedirs(os.path.join(_cdir(name), "rootfs", "tmp"), exist_ok=True)
     with open(os.path.join(_cdir(name), "config.json.new"), "w") as f:
         json.dump(cfg, f, indent=2)
@@ -1321,7 +1327,10 @@ def _run(args):
     if opts["detach"]:
         print(cid)
         return 0
-    return _wait_exit(name)
+    code = _wait_exit(name)
+    if opts["rm"]:
+        _remove(name)
+    return code
 
 
 def _device_exists(path):
@@ -1431,6 +1440,9 @@ def _private_tmp(name, argv):
         steps.append(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}")
         if ro:
             steps.append(f"mount -o remount,ro,bind {shlex.quote(dst)}")
+    # the files this host's copy of the image has that the lab's shared image does not (a fault's
+    # /etc/nccl.conf, another libnccl.so.2): each directory that holds one is overlaid with them
+    steps += _layer_mounts(cfg)
     # its own /dev: the usual nodes, and the devices it was given (/dev/infiniband cannot exist on a
     # lab host, so its device files are made here, in the container's view only)
     if not run_done:
@@ -1456,6 +1468,21 @@ def _private_tmp(name, argv):
     steps.append("umount -l /run/.hostdev && rmdir /run/.hostdev")
     script = " && ".join(steps) + ' && exec "$@"'
     return ["unshare", "-m", *_namespaces(cfg), "--propagation", "private", "sh", "-c", script, tmp] + argv
+
+
+def image_layer(name):
+    """Where this host keeps the files its copy of image NAME adds (lab faults write them)."""
+    return os.path.join(HOST_DIR, "docker", "layers", re.sub(r"[^A-Za-z0-9_.-]", "_", name))
+
+
+def _layer_mounts(cfg):
+    img = _find_image(cfg["Config"]["Image"])
+    if img is None or not img.get("RepoTags"):
+        return []
+    layer = image_layer(img["RepoTags"][0])
+    dirs = sorted({os.path.relpath(d, layer) for d, _, files in os.walk(layer) if files})
+    return [f"mount -t overlay overlay -o lowerdir={shlex.quote(os.path.join(layer, d))}:/{shlex.quote(d)} "
+            f"/{shlex.quote(d)}" for d in dirs if os.path.isdir("/" + d)]
 
 
 def _namespaces(cfg):
