@@ -38,9 +38,11 @@ def probe(*args) -> str:
                           timeout=30).stdout
 
 
-def test_two_stations_plan_the_workers_dial_to_the_heads_master_port():
+def test_two_stations_plan_the_workers_dial_to_the_heads_master_port_and_rdma_tests_perftest_ports():
     inv = load_inventory(ROOT / "inventory" / "dgx-stations.yml")
-    assert plan_dials(inv) == [Dial("B", "A", "192.168.101.1", 29501, "the head's master port")]
+    assert plan_dials(inv) == [Dial("B", "A", "192.168.101.1", 29501, "the head's master port"),
+                               Dial("A", "B", "192.168.100.2", 18515, "rdma-test's perftest on cx8r0"),
+                               Dial("A", "B", "192.168.101.2", 18516, "rdma-test's perftest on cx8r1")]
     assert plan_dials(load_inventory(ROOT / "inventory" / "hgx8-h200.yml")) == []  # one host: nothing crosses
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from railyard.checks import FAIL, PASS, SKIP, WARN
-from railyard.checks.regressions import (check_cma, check_gloo_iface, check_nccl_conf, check_nccl_lib, nccl_lib_of,
-                                         rendered_env)
+from railyard.checks.regressions import check_cma, check_gloo_iface, check_nccl_conf, check_nccl_lib, nccl_lib_of
 from railyard.facts import ParseError
 from railyard.facts.probe import Output, joined_script, new_token
 from railyard.facts.regressions import (NCCL_LIB_SCRIPT, image_files_section, parse_hostname, parse_meminfo,
@@ -15,6 +14,19 @@ from railyard.facts.regressions import (NCCL_LIB_SCRIPT, image_files_section, pa
 from railyard.inventory import load_inventory
 
 from .conftest import real
+
+
+def rank_env(host, layout: str) -> dict[str, str]:
+    """What the layout renders for the host's ranks (its hook: railyard.plan.layout.Layout.rank_env)."""
+    import railyard.layouts  # noqa: F401  (the layouts register themselves)
+    from railyard.plan import layout as layouts
+    return layouts.by_name(layout).rank_env(None, host)  # type: ignore[arg-type]
+
+
+def spans(layout: str) -> bool:
+    import railyard.layouts  # noqa: F401
+    from railyard.plan import layout as layouts
+    return layouts.by_name(layout).ranks_span_hosts
 
 INV = """
 all:
@@ -88,18 +100,18 @@ def _image(conf: str | None, lib: str = "path /x/libnccl.so.2\nsha256 " + "b" * 
 def test_nccl_conf_fails_lines_in_effect_and_warns_shadowed_ones():
     i = inv()
     b = i.host("B")
-    assert check_nccl_conf(b, _image(None), True, "multinode_tp").status == PASS
+    assert check_nccl_conf(b, _image(None), True, rank_env(b, "multinode_tp")).status == PASS
     # both keys are rendered by railyard for multinode_tp: NCCL keeps the environment's values
-    shadowed = check_nccl_conf(b, _image(real("nccl-conf/nccl-docs-env-example.conf")), True, "multinode_tp")
+    shadowed = check_nccl_conf(b, _image(real("nccl-conf/nccl-docs-env-example.conf")), True, rank_env(b, "multinode_tp"))
     assert shadowed.status == WARN and "NCCL_SOCKET_IFNAME==ens1f0 (line 2)" in shadowed.detail
-    live = check_nccl_conf(b, _image(real("nccl-conf/azhpc-ndv2.conf")), True, "multinode_tp")
+    live = check_nccl_conf(b, _image(real("nccl-conf/azhpc-ndv2.conf")), True, rank_env(b, "multinode_tp"))
     assert live.status == FAIL and "NCCL_TOPO_FILE=/opt/microsoft/ndv2/topo.xml (line 1)" in live.detail
     # a single-node layout renders no NCCL env: every line is in effect
     assert check_nccl_conf(b, _image(real("nccl-conf/nccl-docs-env-example.conf")), True,
-                           "single_node_tp").status == FAIL
-    assert check_nccl_conf(b, _image(None), False, "multinode_tp").status == SKIP
+                           rank_env(b, "single_node_tp")).status == FAIL
+    assert check_nccl_conf(b, _image(None), False, rank_env(b, "multinode_tp")).status == SKIP
     ran_not = check_nccl_conf(b, Output(125, "docker: Error response from daemon: No such image: x.\n"), True,
-                              "multinode_tp")
+                              rank_env(b, "multinode_tp"))
     assert ran_not.status == FAIL and "No such image" in ran_not.evidence
 
 
@@ -162,19 +174,19 @@ def test_hostname_parses_real_getent():
 def test_gloo_iface_rendered_variable_wins_and_loopback_fails_across_hosts():
     i = inv()
     b = i.host("B")
-    assert rendered_env(b, "multinode_tp")["GLOO_SOCKET_IFNAME"] == "cx8r1"
+    assert rank_env(b, "multinode_tp")["GLOO_SOCKET_IFNAME"] == "cx8r1"
     loop = Output(0, "@@name B\n127.0.1.1       B\n")
-    ok = check_gloo_iface(b, i, "multinode_tp", loop, _ip())
+    ok = check_gloo_iface(b, rank_env(b, "multinode_tp"), spans("multinode_tp"), loop, _ip())
     assert ok.status == PASS and "cx8r1 (198.18.101.12)" in ok.detail and "127.0.1.1" in ok.evidence
-    no_addr = check_gloo_iface(b, i, "multinode_tp", loop, Output(0, "cx8r1@if5 UP\n"))
+    no_addr = check_gloo_iface(b, rank_env(b, "multinode_tp"), spans("multinode_tp"), loop, Output(0, "cx8r1@if5 UP\n"))
     assert no_addr.status == FAIL and "cx8r1 has no IPv4 address" in no_addr.detail
     # the variable cleared (vllm_extra_env): the host's own name decides
     b.vars["vllm_extra_env"] = {"GLOO_SOCKET_IFNAME": ""}
-    bad = check_gloo_iface(b, i, "multinode_tp", loop, _ip())
+    bad = check_gloo_iface(b, rank_env(b, "multinode_tp"), spans("multinode_tp"), loop, _ip())
     assert bad.status == FAIL and "B resolves to 127.0.1.1" in bad.detail
-    unresolved = check_gloo_iface(b, i, "multinode_tp", Output(2, "@@name B\n"), _ip())
+    unresolved = check_gloo_iface(b, rank_env(b, "multinode_tp"), spans("multinode_tp"), Output(2, "@@name B\n"), _ip())
     assert unresolved.status == FAIL and "does not resolve" in unresolved.detail
-    good = check_gloo_iface(b, i, "multinode_tp", Output(0, "@@name B\n" + "10.0.0.2        B\n"), _ip())
+    good = check_gloo_iface(b, rank_env(b, "multinode_tp"), spans("multinode_tp"), Output(0, "@@name B\n" + "10.0.0.2        B\n"), _ip())
     assert good.status == PASS and "Gloo binds 10.0.0.2" in good.detail
     # one host's ranks: loopback serves them
-    assert check_gloo_iface(b, i, "single_node_tp", loop, _ip()).status == PASS
+    assert check_gloo_iface(b, rank_env(b, "single_node_tp"), spans("single_node_tp"), loop, _ip()).status == PASS

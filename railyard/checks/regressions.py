@@ -12,27 +12,7 @@ from ..facts.net import parse_ip_br_addr
 from ..facts.probe import Output
 from ..facts.regressions import (NcclLib, image_parts, is_loopback, parse_hostname, parse_meminfo, parse_nccl_conf,
                                  parse_nccl_lib)
-from ..inventory import Host, Inventory
-
-# ---------------------------------------------------------------- what railyard renders
-
-# The layouts whose ranks form one torch.distributed group across hosts: they render the reference's NCCL
-# environment (engines.vllm.nccl_env, GLOO_SOCKET_IFNAME included); the others render vllm_extra_env alone.
-SPANNING_LAYOUTS = ("multinode_tp", "pd")
-
-
-def rendered_env(host: Host, layout: str) -> dict[str, str]:
-    """The NCCL/Gloo environment railyard gives this host's containers for the layout, as far as it is known before
-    launch (the GID index is a fact: its value here is a placeholder; the keys are what matter)."""
-    from ..engines.vllm import nccl_env
-    env: dict[str, str] = {}
-    if layout in SPANNING_LAYOUTS:
-        rail = host.serve_rail
-        env.update(nccl_env({"rail_hca": rail.hca, "gid_index": "(fact)", "rail_iface": rail.name,
-                             "node_ip": rail.ip}))
-    env.update({str(k): str(v) for k, v in (host.vars.get("vllm_extra_env") or {}).items()})
-    return env
-
+from ..inventory import Host
 
 # ---------------------------------------------------------------- cma
 
@@ -92,7 +72,7 @@ def _image_unread(host: Host, check: str, out: Output | None, image_ok: bool) ->
     return None, parts
 
 
-def check_nccl_conf(host: Host, out: Output | None, image_ok: bool, layout: str) -> CheckResult:
+def check_nccl_conf(host: Host, out: Output | None, image_ok: bool, env: dict[str, str]) -> CheckResult:
     """An /etc/nccl.conf in the pinned image. NCCL reads it at init and sets each line's variable only where the
     environment lacks it (setenv without overwrite): lines for keys railyard renders are shadowed (warn: in effect
     in any container started without railyard's env); any other NCCL line changes every rank unseen by the env
@@ -110,7 +90,6 @@ def check_nccl_conf(host: Host, out: Output | None, image_ok: bool, layout: str)
     if not lines:
         return CheckResult(host.name, "nccl_conf", PASS, "/etc/nccl.conf in the image sets nothing (comments only)",
                            first_lines(text))
-    env = rendered_env(host, layout)
     live = [c for c in lines if c.key not in env]
     shadowed = [c for c in lines if c.key in env]
     ev = " | ".join(f"{c.number}: {c.text}" for c in lines)
@@ -191,14 +170,12 @@ def check_nccl_lib(hosts: list[Host], libs: dict[str, NcclLib]) -> dict[str, Che
 
 # ---------------------------------------------------------------- gloo
 
-def check_gloo_iface(host: Host, inv: Inventory, layout: str, hostname: Output | None,
+def check_gloo_iface(host: Host, env: dict[str, str], spans: bool, hostname: Output | None,
                      ip_addr: Output | None) -> CheckResult:
     """The address torch's Gloo binds on this host: the interface(s) in GLOO_SOCKET_IFNAME as railyard renders it
     for the layout, else the first address the host's own name resolves to (ProcessGroupGloo::createDefaultDevice;
     none: it falls back to loopback). Loopback fails where the layout's ranks span hosts: the peers are told to
     connect to it (`Gloo connectFullMesh failed ... remote=[127.0.0.1]`)."""
-    env = rendered_env(host, layout)
-    spans = layout in SPANNING_LAYOUTS and len(inv.hosts) > 1
     resolved = parse_hostname(hostname.text) if hostname is not None and hostname.rc is not None else None
     said = (f"`getent hosts {resolved.name}`: {', '.join(resolved.addresses) or 'nothing'}" if resolved and resolved.name
             else "the host's name was not read")

@@ -76,6 +76,7 @@ class Layout:
     own_checks: ClassVar[tuple[str, ...]] = ()
     cache_proof: ClassVar[bool] = False
     kv_plan: ClassVar[KvPlanRow | None] = None
+    ranks_span_hosts: ClassVar[bool] = False   # its ranks form torch.distributed groups across hosts (Gloo, NCCL)
 
     def __init_subclass__(cls, name: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -88,6 +89,12 @@ class Layout:
 
     def validate(self, inv: Inventory) -> list[Problem]:
         raise NotImplementedError
+
+    def rank_env(self, inv: Inventory, host: Host) -> dict[str, str]:
+        """The NCCL/Gloo environment the layout gives this host's engine containers, as far as it is known before
+        launch (preflight's nccl_conf and gloo_iface read its keys; a fact's value is a placeholder): by default
+        vllm_extra_env alone."""
+        return {str(k): str(v) for k, v in (host.vars.get("vllm_extra_env") or {}).items()}
 
     def hosts(self, inv: Inventory) -> list[Host]:
         raise NotImplementedError

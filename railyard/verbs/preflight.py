@@ -21,8 +21,9 @@ from ..checks.gpu import check_gpu, check_gpu_health
 from ..checks.net import (check_gid, check_jumbo_ping, check_link_speed, check_mtu, check_ports, check_rail_ip,
                           check_rail_link, check_route, check_ssh_peer, jumbo_frames_lost)
 from ..checks.parity import ClockSample, check_clock_skew, check_parity, cross_image, one_cause
+from ..checks.regressions import check_cma, check_gloo_iface, check_nccl_conf, check_nccl_lib, nccl_lib_of
 from ..checks.system import check_disk, check_gdr, check_ntp
-from ..facts import docker, gpu, net, system
+from ..facts import docker, gpu, net, regressions, system
 from ..facts.gpu import (HEALTH_UNSUPPORTED, compute_apps_csv, parse_gpu_health, parse_gpus, parse_smi_pids,
                          split_gpu_query)
 from ..facts.docker import parse_image_inspect
@@ -36,15 +37,17 @@ from ..report import Report
 from ..transport import Session
 
 CHECKS = ("ssh", "docker", "image", "rail_link", "rail_ip", "link_speed", "mtu", "jumbo_ping", "route",
-          "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity", "ssh_peer", "ports")
+          "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity", "cma", "nccl_conf", "nccl_lib",
+          "gloo_iface", "ssh_peer", "ports")
 
 
 def plan_dials(inv: Inventory) -> list[Dial]:
-    """The connections the inventory's layout will open between its hosts; none where its variables have a
-    problem (launch names it)."""
+    """The connections the inventory's layout will open between its hosts (none where its variables have a
+    problem: launch names it), then those `inv rdma-test`'s perftest pairs open."""
     from ..plan import layout as layouts
+    from .rdma_test import perftest_dials
     layout = layouts.get(inv)
-    return [] if layout.validate(inv) else layout.dials(inv)
+    return ([] if layout.validate(inv) else layout.dials(inv)) + perftest_dials(inv)
 
 
 def sections_for(host: Host, inv: Inventory) -> list[Section]:
@@ -68,6 +71,9 @@ def sections_for(host: Host, inv: Inventory) -> list[Section]:
         gpu.xid_section(),
         system.versions_section(rail.name),
         system.gdr_section(rail.name, rail.hca),
+        regressions.meminfo_section(),
+        regressions.hostname_section(),
+        regressions.image_files_section(v["vllm_image"]),
     ]
     if peers:
         sections.append(net.ping_section(rail.name, [p.serve_rail.ip for p in peers], v["preflight_mtu"],
@@ -255,6 +261,7 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe], dials: list[Dial] | N
     seen = {h.name: _versions(outs[h.name], h.vars["vllm_image"].partition("@")[2]) for h in reachable}
     for name, res in check_parity(reachable, seen).items():
         per[name]["parity"] = res
+    _regressions(inv, reachable, outs, per)
     one_cause(reachable, per, {h.name: outs[h.name].get("ping") for h in reachable})
     for name, res in check_clock_skew(reachable, {h.name: probes[h.name].clock for h in reachable}).items():
         per[name]["clock_skew"] = res
@@ -270,6 +277,29 @@ def evaluate(inv: Inventory, probes: dict[str, HostProbe], dials: list[Dial] | N
             if name in per[h.name]:
                 out.append(per[h.name][name])
     return out
+
+
+def _regressions(inv: Inventory, reachable: list[Host], outs: dict[str, dict[str, Output]],
+                 per: dict[str, dict[str, CheckResult]]) -> None:
+    """cma, nccl_conf, nccl_lib (across the ranks) and gloo_iface: the host regressions of checks.regressions."""
+    from ..plan import layout as layouts
+    layout = layouts.get(inv)
+    spans = layout.ranks_span_hosts and len(inv.hosts) > 1
+    libs = {}
+    for h in reachable:
+        o, r = outs[h.name], per[h.name]
+        image_ok = r["image"].status == PASS
+        r["cma"] = check_cma(h, o.get("meminfo"))
+        env = layout.rank_env(inv, h)
+        r["nccl_conf"] = check_nccl_conf(h, o.get("image_files"), image_ok, env)
+        lib, bad = nccl_lib_of(h, o.get("image_files"), image_ok)
+        if lib is not None:
+            libs[h.name] = lib
+        elif bad is not None:
+            r["nccl_lib"] = bad
+        r["gloo_iface"] = check_gloo_iface(h, env, spans, o.get("hostname"), o.get("ip_addr"))
+    for name, res in check_nccl_lib(reachable, libs).items():
+        per[name]["nccl_lib"] = res
 
 
 def _gpu_outputs(out: Output) -> tuple[Output, Output]:

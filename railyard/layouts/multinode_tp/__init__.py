@@ -22,6 +22,14 @@ GROUP = "tp"
 
 class MultinodeTP(Layout, name="multinode_tp"):
     rank_order = True
+    ranks_span_hosts = True
+
+    def rank_env(self, inv: Inventory, host: Host) -> dict[str, str]:
+        """The reference's NCCL environment for the host's serving rail (its GID index a fact: a placeholder here),
+        then vllm_extra_env."""
+        rail = host.serve_rail
+        return dict(nccl_env({"rail_hca": rail.hca, "gid_index": "(fact)", "rail_iface": rail.name,
+                              "node_ip": rail.ip})) | super().rank_env(inv, host)
 
     def hosts(self, inv: Inventory) -> list[Host]:
         return list(inv.hosts)

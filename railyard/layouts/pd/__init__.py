@@ -132,6 +132,14 @@ def _origin_key(key: str) -> str:
 
 class Pd(Layout, name="pd"):
     own_checks = OWN_CHECKS
+    ranks_span_hosts = True
+
+    def rank_env(self, inv: Inventory, host: Host) -> dict[str, str]:
+        """The reference's NCCL environment for the host's serving rail (its GID index a fact: a placeholder here),
+        then vllm_extra_env."""
+        rail = host.serve_rail
+        return dict(nccl_env({"rail_hca": rail.hca, "gid_index": "(fact)", "rail_iface": rail.name,
+                              "node_ip": rail.ip})) | super().rank_env(inv, host)
 
     def final_gate(self, plan: LaunchPlan, runner: Runner) -> Proof:
         """One real request through the proxy over one KV block, prefilled in one pool and decoded in the
