@@ -81,8 +81,10 @@ def scripted(client_for, gids=GIDS, rate="sysfs: 400 Gb/sec (4X NDR)", tools="ib
                     text = gids.replace("10.99.91.39", ips[name])
                 elif key.startswith("c"):
                     text = client_for(script)
+                elif key.startswith("s"):
+                    text = "up\n"
                 else:
-                    text = "Waiting for client to connect... *\n"
+                    text = "************************************\n* Waiting for client to connect... *\n"
                 out += [f"{token} {key}|{ln}" for ln in text.splitlines()] + [f"{token} {key}|@@rc=0"]
             return 0, "\n".join(out) + "\n"
         s.on(re.compile(r"^T="), reply)
@@ -96,7 +98,7 @@ def perftest_lines(session: FakeSession) -> list[list[str]]:
     for c in session.calls:
         for body in re.findall(r"^ry \S+ \d+ (.*) &$", c, re.M):
             text = shlex.split(body)[0]
-            for w in re.findall(r"(ib_write_(?:bw|lat) [^>$;]*?)(?: >| 2>|\)|$)", text):
+            for w in re.findall(r"(ib_write_(?:bw|lat) [^<>$;]*?)(?: <| >| 2>|\)|$)", text):
                 out.append(shlex.split(w))
     return out
 

@@ -106,16 +106,17 @@ def judge(m: Measure, limits: Limits, host_figure: float | None = None) -> Measu
         return _set(m, WARN, f"{figure}; the link's rate was not read on either end: not judged against it")
     frac = m.gbps / m.expected_gbps
     said = f"{figure} of {m.expected_gbps:g} Gb/s ({frac:.2f})"
+    if m.memory == GPU and host_figure:   # the link itself is judged by host memory: GPU memory's own cause first
+        ratio = m.gbps / host_figure
+        if ratio < limits.min_gpu_ratio:
+            return _set(m, WARN if m.together else FAIL,
+                        f"{said}; {ratio:.2f} of host memory's {host_figure:.1f} Gb/s, below "
+                        f"{limits.min_gpu_ratio:g}: the GPU-NIC path is slow (ACS redirect, peer memory)")
+        said += f"; {ratio:.2f} of host memory"
     if frac < limits.min_fraction:
         return _set(m, WARN if m.together else FAIL,
                     f"{said}, below {limits.min_fraction:g} of the link's rate"
                     + ("; the rail alone reads as its own row" if m.together else ""))
-    if m.memory == GPU and host_figure:
-        ratio = m.gbps / host_figure
-        if ratio < limits.min_gpu_ratio:
-            return _set(m, FAIL, f"{said}; {ratio:.2f} of host memory's {host_figure:.1f} Gb/s, below "
-                                 f"{limits.min_gpu_ratio:g}: the GPU-NIC path is slow (ACS redirect, peer memory)")
-        said += f"; {ratio:.2f} of host memory"
     return _set(m, PASS, said)
 
 

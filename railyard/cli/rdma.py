@@ -41,6 +41,9 @@ def rdma_test(inventory=None, hosts=None, rails=None, memory="host", duration=No
                       Text(m.status.upper() + ("" if m.status == "pass" else f": {m.detail}"),
                            style=STYLE.get(m.status, "")))
     con.print(table)
+    for m in t.measures:   # each failure whole, on one line: the table folds it
+        if m.status == "fail":
+            con.print(Text(f"fail: {m.where}: {m.detail}", style="red"), soft_wrap=True)
     bad = sum(1 for c in report.checks if c.status == "fail")
     con.print(Text(f"{'OK' if report.ok else 'FAILED'}: {len(t.measures)} run(s) on {len(t.hosts)} host(s) in "
                    f"{t.took_s:.1f} s" + (f"; {bad} failed" if bad else ""),

@@ -7,11 +7,12 @@ the pairing are railyard.checks.links, the output parser railyard.checks.perftes
    (the cluster GPU nearest each NIC is the one `--use_cuda` names).
 2. The pairs (links.rounds: one pair, a ring, or each host alone in loopback), round by round; in each
    round every pair at once, step by step: each rail alone (bandwidth in host memory, then GPU memory,
-   then latency), then every rail at once. A step is one command per host: the servers' and the
-   clients' runs as sections of one script (railyard.facts.probe), every server started with the same
-   flags as its client; perftest has no wait-for-peer, so a client whose connection is refused tries
-   again for CONNECT_S while its server comes up, and a server whose client has not connected by then
-   (and a margin) is stopped: a peer that never serves costs seconds, not the run's limit.
+   then latency), then every rail at once. A host's runs of a step go as sections of one script
+   (railyard.facts.probe), every server with the same flags as its client. perftest has no
+   wait-for-peer, so a step runs as it is run by hand: the servers
+   started and their banners seen (one command per server host), then the clients (one per client host),
+   then the servers' output. A server that never comes up fails its run at once, without a client; a
+   server whose client failed is stopped, not waited for: a peer that never serves costs seconds.
 3. Each run judged (links.judge), GPU memory against the same rail's host memory.
 """
 
@@ -35,8 +36,9 @@ from ..report import NO_HOST, Report
 from ..transport import Session, Sh, cmd, q
 from ..transport.runner import Runner
 
-CONNECT_S = 6          # a client refused this long: its server never came up
-CONNECTED = "local address:"   # both ends print their queue pairs' addresses once the exchange is done
+SERVER_UP_S = 15       # a server whose banner has not come by then is not up (perftest starts in milliseconds)
+CONNECT_S = 3          # a client refused this long although its server's banner came: it cannot reach it
+BANNER = "Waiting for client"   # the server's "Waiting for client to connect" (rdma_cm: "... rdma_cm QP to connect")
 # a client whose server is not listening yet (tests/fixtures/real/perftest/perftest-228_*)
 CONNECT_FAILED = ("Couldn't connect to", "Unable to open file descriptor for socket connection")
 LAT_ITERS = 2000       # ib_write_lat -n: about 10 ms of a healthy link
@@ -195,21 +197,32 @@ def flags(run: Run, end: Host, facts: HostFacts, settings: dict) -> list[str]:
     return argv
 
 
-def server_body(argv: list[str], limit: int) -> Sh:
-    """The server, stopped when no client has connected (its `local address` line) within CONNECT_S and a
-    margin: a peer whose client never came costs seconds, not the run's limit."""
-    wait = CONNECT_S + 4
-    return Sh(f"f=$(mktemp) || exit 1; timeout -k 2 {int(limit)} {cmd(*argv)} >\"$f\" 2>&1 & p=$!; "
-              f"end=$(($(date +%s) + {wait})); "
-              f"while kill -0 $p 2>/dev/null && ! grep -q {q(CONNECTED)} \"$f\" && [ $(date +%s) -lt $end ]; "
-              "do sleep 0.2; done; "
-              f"if kill -0 $p 2>/dev/null && ! grep -q {q(CONNECTED)} \"$f\"; then kill $p; "
-              f"echo 'railyard: no client connected within {wait} s'; fi; "
-              "wait $p; rc=$?; cat \"$f\"; rm -f \"$f\"; exit $rc")
+def server_start(argv: list[str], log: str, limit: int) -> Sh:
+    """Start one server detached (it outlives this command; its output in `log`), then wait up to SERVER_UP_S
+    for its banner: `up`, or what it printed before it died or the wait ended."""
+    return Sh(f"setsid timeout -k 2 {int(limit)} {cmd(*argv)} </dev/null >{q(log)} 2>&1 & p=$!; "
+              f"echo $p >{q(log + '.pid')}; "
+              f"end=$(($(date +%s) + {SERVER_UP_S})); "
+              f"until grep -q {q(BANNER)} {q(log)} 2>/dev/null || ! kill -0 $p 2>/dev/null "
+              "|| [ $(date +%s) -ge $end ]; do sleep 0.1; done; "
+              f"if grep -q {q(BANNER)} {q(log)}; then echo up; else cat {q(log)}; rm -f {q(log)} {q(log + '.pid')}; "
+              "kill $p 2>/dev/null; exit 1; fi")
+
+
+def server_end(log: str, stop: bool, wait: int) -> Sh:
+    """The server's output once it has ended (stopped at once where its client failed: it would wait for one)."""
+    pid, out = q(log + ".pid"), q(log)
+    return Sh(f"p=$(cat {pid} 2>/dev/null); "
+              + ("[ -n \"$p\" ] && kill $p 2>/dev/null; " if stop else "")
+              + f"end=$(($(date +%s) + {wait})); while [ -n \"$p\" ] && kill -0 $p 2>/dev/null && "
+              "[ $(date +%s) -lt $end ]; do sleep 0.2; done; "
+              "if [ -n \"$p\" ] && kill -0 $p 2>/dev/null; then kill $p; echo 'railyard: stopped: still running'; fi; "
+              f"cat {out}; rm -f {out} {pid}")
 
 
 def client_body(argv: list[str], address: str) -> Sh:
-    """The client, tried again while its server's port refuses it (perftest has no wait-for-peer)."""
+    """The client, tried again for a moment while its server's port refuses it (the banner can come just
+    before the listen)."""
     line = cmd(*argv, address)
     waits = "|".join(re.escape(w) for w in CONNECT_FAILED)
     return Sh(f"end=$(($(date +%s) + {CONNECT_S})); while :; do o=$({line} 2>&1); rc=$?; "
@@ -217,32 +230,57 @@ def client_body(argv: list[str], address: str) -> Sh:
               "then break; fi; sleep 0.3; done; printf '%s\\n' \"$o\"; exit $rc")
 
 
-def step(runner: Runner, hosts: dict[str, Host], facts: dict[str, HostFacts], runs: list[Run],
-         settings: dict) -> dict[Run, tuple[Output, Output]]:
-    """Every run of one step at once: one command per host holding its servers and its clients (a host in
-    loopback holds both). {run: (server output, client output)}."""
-    limit = CONNECT_S + int(settings["duration_s"]) + 20
+def _round_trip(runner: Runner, hosts: dict[str, Host], sections: dict[str, list[Section]],
+                limit: int) -> dict[str, dict[str, Output]]:
+    """One command per host, all hosts at once: {host: {section: output}}."""
     token = new_token()
-    by_host: dict[str, list[Section]] = {}
-    for i, r in enumerate(runs):
-        srv, cli = hosts[r.pair.server], hosts[r.pair.client]
-        by_host.setdefault(srv.name, []).append(
-            Section(f"s{i}", server_body(flags(r, srv, facts[srv.name], settings), limit), timeout=limit + 5))
-        by_host.setdefault(cli.name, []).append(
-            Section(f"c{i}", client_body(flags(r, cli, facts[cli.name], settings), srv.rails[r.rail].ip),
-                    timeout=limit))
 
     def one(s: Session) -> dict[str, Output]:
-        secs = by_host[s.host.name]
+        secs = sections[s.host.name]
         res = s.run(joined_script(secs, token), timeout=limit + 15)
         if res.error:
             return {sec.key: Output(None, f"{res.error.kind}: {res.error.message}") for sec in secs}
         return split_output(res.stdout, secs, token)
 
-    got = runner.each(one, [hosts[n] for n in by_host])
-    outputs = {name: got.ok[name] if name in got.ok else
-               {sec.key: Output(None, str(got.failed[name].error)) for sec in secs} for name, secs in by_host.items()}
-    return {r: (outputs[r.pair.server][f"s{i}"], outputs[r.pair.client][f"c{i}"]) for i, r in enumerate(runs)}
+    got = runner.each(one, [hosts[n] for n in sections])
+    return {name: got.ok[name] if name in got.ok else
+            {sec.key: Output(None, str(got.failed[name].error)) for sec in secs} for name, secs in sections.items()}
+
+
+def step(runner: Runner, hosts: dict[str, Host], facts: dict[str, HostFacts], runs: list[Run],
+         settings: dict) -> dict[Run, tuple[Output, Output]]:
+    """Every run of one step at once, as perftest is run by hand: the servers started and their banners
+    seen (one command per server host), then the clients (one per client host), then the servers' output
+    (a server whose client failed is stopped, not waited for). {run: (server output, client output)}."""
+    duration = int(settings["duration_s"])
+    limit = SERVER_UP_S + CONNECT_S + duration + 30
+    tag = new_token()[:12]
+    logs = {i: f"/tmp/railyard-rdma-test-{tag}-{i}.log" for i in range(len(runs))}
+    starts: dict[str, list[Section]] = {}
+    for i, r in enumerate(runs):
+        srv = hosts[r.pair.server]
+        starts.setdefault(srv.name, []).append(
+            Section(f"s{i}", server_start(flags(r, srv, facts[srv.name], settings), logs[i], limit),
+                    timeout=SERVER_UP_S + 5))
+    started = _round_trip(runner, hosts, starts, SERVER_UP_S + 5)
+    up = {i for i, r in enumerate(runs) if started[r.pair.server][f"s{i}"].ok}
+    clients: dict[str, list[Section]] = {}
+    for i, r in enumerate(runs):
+        if i in up:
+            srv, cli = hosts[r.pair.server], hosts[r.pair.client]
+            clients.setdefault(cli.name, []).append(
+                Section(f"c{i}", client_body(flags(r, cli, facts[cli.name], settings), srv.rails[r.rail].ip),
+                        timeout=CONNECT_S + duration + 30))
+    ran = _round_trip(runner, hosts, clients, CONNECT_S + duration + 30) if clients else {}
+    ends: dict[str, list[Section]] = {}
+    for i, r in enumerate(runs):
+        if i in up:
+            failed = not ran[r.pair.client][f"c{i}"].ok
+            ends.setdefault(r.pair.server, []).append(Section(f"e{i}", server_end(logs[i], failed, 15), timeout=25))
+    ended = _round_trip(runner, hosts, ends, 25) if ends else {}
+    never = Output(None, "not run: its server did not come up")
+    return {r: ((ended[r.pair.server][f"e{i}"] if i in up else started[r.pair.server][f"s{i}"]),
+                ran[r.pair.client][f"c{i}"] if i in up else never) for i, r in enumerate(runs)}
 
 
 def steps_of(pairs: list[Pair], rails: list[str], memory: tuple[str, ...], port: int) -> list[list[Run]]:
