@@ -9,6 +9,7 @@ import shlex
 import pytest
 import yaml
 
+from railyard.errors import InventoryError
 from railyard.facts.gpu import Gpu
 from railyard.inventory import load_inventory
 from railyard.layouts.pd import proof as P
@@ -115,7 +116,7 @@ def _write(tmp_path, prefill=None, decode=None, all_vars=None):
     # vLLM picks the backend per GPU when none is given: an H200 decode pool beside B300 prefill would not agree
     (dict(decode={"cluster_gpu_name": "H200"}),
      ["decode.vars.cluster_gpu_name = 'H200': another GPU than prefill host P1 ('B300') and no --attention-backend"]),
-    (dict(decode={"vllm_image": "vllm/vllm-openai:v0.31.0@sha256:" + "1" * 64}),
+    (dict(decode={"vllm_image": "vllm/vllm-openai:v0.32.0@sha256:" + "1" * 64}),
      ["the image (vLLM and NIXL connector version) differs"]),
     (dict(prefill={"pd_instances_per_host": 3}), ["3 instances x tensor 1 x pipeline 1 x data 4 = 12 GPUs on P1",
                                                   "= 12 GPUs on P2"]),
@@ -133,14 +134,18 @@ def test_what_the_handshake_compares_is_checked_before_any_ssh(tmp_path, kw, exp
     assert len(lines) == len(expects), r.stderr  # one line per difference
 
 
-def test_one_attention_backend_given_to_both_pools_lets_the_gpus_differ_and_the_old_variable_is_a_note(tmp_path):
+def test_one_attention_backend_given_to_both_pools_lets_the_gpus_differ_and_the_old_variable_is_refused(tmp_path):
     same = ["--attention-backend", "FLASHINFER_MLA"]
+    p = _write(tmp_path, prefill={"vllm_extra_args": same}, decode={"cluster_gpu_name": "H200", "vllm_extra_args": same})
+    _, plan = pd_plan(path=p)
+    assert plan.notes == ()
+    # vLLM 0.30 no longer reads it (railyard.engines.vllm_versions): neither compared nor silently rendered
     p = _write(tmp_path, prefill={"vllm_extra_args": same},
                decode={"cluster_gpu_name": "H200", "vllm_extra_args": same,
                        "vllm_extra_env": {"VLLM_ATTENTION_BACKEND": "FLASHMLA"}})
-    _, plan = pd_plan(path=p)
-    (note,) = plan.notes   # vLLM 0.30 no longer reads it: neither compared nor silently trusted
-    assert note.startswith("vllm_extra_env sets VLLM_ATTENTION_BACKEND, which vLLM 0.30 no longer reads")
+    with pytest.raises(InventoryError, match=r"vllm_extra_env = 'VLLM_ATTENTION_BACKEND': vLLM 0.30 does not read "
+                                             r"VLLM_ATTENTION_BACKEND .*: use --attention-backend"):
+        pd_plan(path=p)
 
 
 def test_tp_and_speculative_token_counts_may_differ(tmp_path):

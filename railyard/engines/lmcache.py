@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-CONNECTOR = "LMCacheMPConnector"
+from . import vllm
+from .vllm_versions import LMCACHE, KvConnector
+
+CONNECTOR = LMCACHE.name
 READY_LINE = "LMCache cache server is running"
 # what vLLM's LMCache connector logs once it has handed its KV caches to the server
 REGISTERED_LINE = "Registering kv caches"
@@ -67,11 +70,11 @@ def server_command(c: LmcacheConfig) -> tuple[str, ...]:
                 ("--supported-transfer-mode", c.transfer_mode) if c.transfer_mode else ()) + c.extra_args
 
 
-def kv_transfer_config(c: LmcacheConfig) -> str:
-    """vLLM's --kv-transfer-config for a replica of this server, as one compact JSON word."""
-    return json.dumps({"kv_connector": CONNECTOR, "kv_role": "kv_both",
-                       "kv_connector_extra_config": {"lmcache.mp.host": f"tcp://{c.host}", "lmcache.mp.port": c.port}},
-                      separators=(",", ":"))
+def kv_transfer_config(c: LmcacheConfig, connector: KvConnector = LMCACHE) -> str:
+    """vLLM's --kv-transfer-config for a replica of this server, as one compact JSON word, in the shape of the
+    replica's vLLM version (its table's LMCache connector)."""
+    return vllm.kv_transfer_config(connector, "kv_both",
+                                   extra={"lmcache.mp.host": f"tcp://{c.host}", "lmcache.mp.port": c.port})
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from ..plan.spec import MODEL_DIR, PORT, Ref, Value
 from . import MILESTONES, Engine, KvLine
+from .vllm_versions import TABLES, KvConnector, VllmVersion, for_vars
 
 READY_LINE = "Application startup complete"
 # What each engine core prints once its KV cache is sized: `GPU KV cache size: N tokens` on CUDA,
@@ -52,28 +53,24 @@ FLIGHT_RECORDER_ENV = (("TORCH_FR_BUFFER_SIZE", "2000"), ("TORCH_NCCL_DUMP_ON_TI
 NO_EXPANDABLE_SEGMENTS = "PYTORCH_CUDA_ALLOC_CONF"
 
 
-# --all2all-backend values the pinned image's vLLM accepts (v0.30.0: ParallelConfig's All2AllBackend in
-# vllm/config/parallel.py; its parser refuses any other, `mori` too); "" leaves vLLM's default.
-ALL2ALL_BACKENDS = ("naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
-                    "mori_high_throughput", "mori_low_latency", "nixl_ep", "allgather_reducescatter",
-                    "flashinfer_all2allv", "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided")
-# accepted, then replaced: "The '%s' all2all backend has been removed. Falling back to 'allgather_reducescatter'."
-# (ParallelConfig, a warning in the engine's log and nothing else)
-ALL2ALL_REMOVED = ("naive", "pplx")
+# --all2all-backend values each version's parser accepts, and those it accepts only to replace them: the version's
+# table (railyard.engines.vllm_versions), from ParallelConfig in its vllm/config/parallel.py. "" leaves vLLM's default.
+OLDEST = TABLES["0.30"]
 
 
-def all2all_problem(backend: str) -> str | None:
-    """Why vLLM would refuse this --all2all-backend, or None."""
-    if backend and backend not in ALL2ALL_BACKENDS:
-        return f"not an --all2all-backend vLLM 0.30 knows ({', '.join(ALL2ALL_BACKENDS)})"
+def all2all_problem(backend: str, version: VllmVersion = OLDEST) -> str | None:
+    """Why that version's vLLM would refuse this --all2all-backend, or None."""
+    if backend and backend not in version.all2all_backends:
+        return f"not an --all2all-backend vLLM {version.version} knows ({', '.join(version.all2all_backends)})"
     return None
 
 
-def all2all_notes(backends) -> tuple[str, ...]:
-    """A note per removed backend asked for: vLLM runs another one without failing."""
-    return tuple(f"vllm_all2all_backend = {b!r}: removed in vLLM 0.30, which runs allgather_reducescatter "
+def all2all_notes(backends, version: VllmVersion = OLDEST) -> tuple[str, ...]:
+    """A note per removed backend asked for: vLLM runs another one without failing (ParallelConfig's warning
+    "The '%s' all2all backend has been removed. Falling back to 'allgather_reducescatter'.", nothing else)."""
+    return tuple(f"vllm_all2all_backend = {b!r}: removed in vLLM {version.version}, which runs allgather_reducescatter "
                  f"instead (its log: \"The '{b}' all2all backend has been removed\"); set that, or leave it empty"
-                 for b in dict.fromkeys(backends) if b in ALL2ALL_REMOVED)
+                 for b in dict.fromkeys(backends) if b in version.all2all_removed)
 
 # (flag, field, how): value = passed when set; json = compact JSON; switch = the bare flag when true;
 # unless1/unless0 = passed only when not vLLM's default.
@@ -139,6 +136,8 @@ class VllmConfig:
     env_file: str
     api_key_file: str
     start_timeout_s: float
+    # the table of the vLLM this service runs: what is rendered for it
+    vllm: VllmVersion = OLDEST
 
     @classmethod
     def from_vars(cls, v: dict) -> "VllmConfig":
@@ -162,7 +161,7 @@ class VllmConfig:
             extra_env=(FLIGHT_RECORDER_ENV if v.get("vllm_flight_recorder") else ())
             + tuple((str(k), str(x)) for k, x in v["vllm_extra_env"].items()),
             shm_size=v["vllm_shm_size"], cpuset=v["vllm_cpuset"] or "", env_file=v["vllm_env_file"],
-            api_key_file=v["vllm_api_key_file"], start_timeout_s=float(v["vllm_start_timeout_s"]))
+            api_key_file=v["vllm_api_key_file"], start_timeout_s=float(v["vllm_start_timeout_s"]), vllm=for_vars(v))
 
     @property
     def world_size(self) -> int:
@@ -173,6 +172,7 @@ def _flags(cfg: VllmConfig, table) -> list[str]:
     out: list[str] = []
     for flag, name, how in table:
         value = getattr(cfg, name)
+        _reads(cfg.vllm, flag)
         if value is None or value == "" or value == {}:
             continue
         if how == "switch":
@@ -192,6 +192,9 @@ def serve_command(cfg: VllmConfig, group_args: Sequence[Value] = (), headless: b
     parallelism, tuning, the switches and the extra arguments as given."""
     args: list[Value] = ["vllm", "serve", MODEL_DIR, "--served-model-name", cfg.served_model_name,
                          "--host", cfg.bind, "--port", PORT]
+    for word in group_args:
+        if isinstance(word, str) and word.startswith("--"):
+            _reads(cfg.vllm, word)
     args += list(group_args)
     # a headless rank runs no API server: vLLM 0.30 refuses one there ("api_server_count can't be set in
     # headless mode", vllm/entrypoints/cli/serve.py run_headless)
@@ -203,18 +206,43 @@ def serve_command(cfg: VllmConfig, group_args: Sequence[Value] = (), headless: b
     return tuple(args)
 
 
+def _reads(version: VllmVersion, flag: str) -> None:
+    """A flag railyard writes must be one the version's parser takes (its table): a code error otherwise."""
+    if flag not in version.flags:
+        raise ValueError(f"{flag} is not in vLLM {version.version}'s table (railyard.engines.vllm_versions)")
+
+
+def kv_transfer_config(connector: KvConnector, role: str, root: dict | None = None,
+                       extra: dict | None = None) -> str:
+    """--kv-transfer-config as one compact JSON word, in the shape the version's table gives the connector:
+    its name, its module path at the root where the table has one, the role, root keys, then the extra config."""
+    root, extra = root or {}, extra or {}
+    unknown = [k for k in root if k not in connector.root_keys] + [k for k in extra if k not in connector.extra_keys]
+    if unknown:
+        raise ValueError(f"{connector.name} takes no {', '.join(unknown)} in railyard's table")
+    doc: dict = {"kv_connector": connector.name}
+    if connector.module_path:
+        doc["kv_connector_module_path"] = connector.module_path
+    doc.update({"kv_role": role, **root})
+    if extra:
+        doc["kv_connector_extra_config"] = extra
+    return json.dumps(doc, separators=(",", ":"))
+
+
 def service_env_path(env_file: str, service: str) -> str:
     """Where a layout with several services keeps one's env file: ~/vllm-x.env -> ~/vllm-x.<service>.env."""
     return f"{env_file[:-4] if env_file.endswith('.env') else env_file}.{service}.env"
 
 
-def nccl_env(values: dict, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+def nccl_env(values: dict, drop: tuple[str, ...] = (), version: VllmVersion = OLDEST) -> list[tuple[str, str]]:
     """The reference's NCCL/vLLM environment for one rank, with its rail's facts filled in (a Ref stays
     one: a fact each target resolves where it runs)."""
     out = []
     for k, tpl in NCCL_ENV:
         if k in drop:
             continue
+        if k.startswith("VLLM_") and k not in version.env:
+            raise ValueError(f"{k} is not in vLLM {version.version}'s table (railyard.engines.vllm_versions)")
         key = tpl[1:-1] if tpl.startswith("{") and tpl.endswith("}") else None
         out.append((k, values[key] if key and isinstance(values[key], Ref) else tpl.format(**values)))
     return out

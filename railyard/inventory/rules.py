@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, Callable
 
 # Keys that only make sense for one host.
 HOST_ONLY_KEYS = {"ansible_host", "rank", "rails"}
@@ -16,6 +17,10 @@ RAIL_KEYS = {"hca", "ipv4"}
 # registers; the inventory sits below the layouts and reads it, never importing them. A program that loads an
 # inventory imports railyard.layouts first (the task layer's `load` does, and the tests' conftest).
 LAYOUTS: dict[str, tuple[str, ...]] = {}
+# Checks an engine adds to every host's values, each returning (key, value, message) problems: the vLLM version's
+# table (railyard.engines.vllm_versions) registers one as it is imported. Like LAYOUTS, the inventory never imports
+# the engines that register here (the task layer and the tests' conftest import railyard.layouts, which imports them).
+VALUE_CHECKS: list[Callable[[dict[str, Any]], list[tuple[str, Any, str]]]] = []
 # Values that must be the same on every host for a multi-node launch to work.
 CLUSTER_WIDE = (
     "serve_layout", "cluster_serve_rail", "model_path", "model_revision", "model_repo", "vllm_image",
@@ -65,6 +70,9 @@ STRING_RULES: dict[str, Match] = {
     "cluster_gpu_name": Match(re.compile(r"^[A-Za-z0-9 _.-]{1,64}$"), "not a GPU name like GB300 or H200",
                               optional=True),
     "model_revision": Match(REVISION_RE, "must be a pinned 40-hex commit hash"),
+    # the vLLM the image runs, where its tag does not say (railyard.engines.vllm_versions: one table per version)
+    "vllm_version": Match(re.compile(r"^\d+\.\d+(\.\d+)?$"), 'not a vLLM version like "0.33" or "0.33.0" (quote it '
+                          "in YAML: 0.30 unquoted is the number 0.3)", optional=True),
 }
 SSH_CIPHER = Match(SSH_CIPHER_RE, "not an SSH cipher name")
 

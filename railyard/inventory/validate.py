@@ -56,9 +56,9 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
                 inv_path: Path, problems: list[Problem], nullable: AbstractSet[str] = frozenset()) -> Host | None:
     start = len(problems)
 
-    def bad(key: str, msg: str) -> None:
+    def bad(key: str, msg: str, value: Any = MISSING) -> None:
         file, where = origins.get(key, (entry.file, f"{entry.keypath}.{key}"))
-        problems.append(Problem(file, where, values.get(key, MISSING), msg))
+        problems.append(Problem(file, where, values.get(key, MISSING) if value is MISSING else value, msg))
 
     def one_of(key: str) -> None:
         if values[key] not in rules.ONE_OF[key]:
@@ -155,6 +155,10 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
     for k, rule in rules.STRING_RULES.items():
         if _mismatch(rule, values.get(k) if rule.optional else values[k]):
             bad(k, rule.message)
+    if len(problems) == start:  # the engines' own checks (the vLLM version's table), on well-formed values
+        for check in rules.VALUE_CHECKS:
+            for key, value, message in check(values):
+                bad(key, message, value)
     if values["serve_layout"] not in layout_names():
         bad("serve_layout", f"unknown layout (one of: {', '.join(layout_names()) or 'none registered: import railyard.layouts'})")
     bad_env = [k for k in values["vllm_extra_env"] if not isinstance(k, str) or not ENV_NAME_RE.match(k)]

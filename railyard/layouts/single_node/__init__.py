@@ -111,7 +111,7 @@ class SingleNodeTP(Layout, name="single_node_tp"):
                       expect=(("kv_engines", str(dp)),))
         return LaunchPlan(deployment=cfg.container, layout=self.name, stages=(Stage((svc,), wait="ready"),),
                           endpoint=Endpoint(svc.name, h.name, cfg.bind, cfg.port, key, cfg.served_model_name),
-                          verifiers=("kv_engines",) if dp > 1 else (), notes=all2all_notes([cfg.all2all_backend]))
+                          verifiers=("kv_engines",) if dp > 1 else (), notes=all2all_notes([cfg.all2all_backend], cfg.vllm))
 
 
 class DpEp(SingleNodeTP, name="dp_ep"):
@@ -126,7 +126,7 @@ class DpEp(SingleNodeTP, name="dp_ep"):
         if cfg.data_parallel_size < 2:
             file_, key = origin_of(h, "vllm_data_parallel_size")
             out.append(Problem(file_, key, cfg.data_parallel_size, "dp_ep needs a data parallel size of at least 2"))
-        if why := all2all_problem(cfg.all2all_backend):
+        if why := all2all_problem(cfg.all2all_backend, cfg.vllm):
             file_, key = origin_of(h, "vllm_all2all_backend")
             out.append(Problem(file_, key, cfg.all2all_backend, why))
         if cfg.api_server_count > cfg.data_parallel_size:
