@@ -78,7 +78,7 @@ class MultinodeTP(Layout, name="multinode_tp"):
         workers = [w.serve_rail.ip for w in inv.workers]
         peers = [p.serve_rail.ip for p in inv.hosts if p.name != h.name]
         values = {"rail_hca": rail.hca, "gid_index": GID_INDEX, "rail_iface": rail.name, "node_ip": NODE_ADDR}
-        env = nccl_env(values) + list(cfg.extra_env)
+        env = nccl_env(values, version=cfg.vllm) + list(cfg.extra_env)
         group_args: list[Value] = ["--nnodes", GROUP_SIZE, "--node-rank", NODE_RANK, "--master-addr", HEAD_ADDR,
                       "--master-port", str(cfg.master_port)]
         model_host = on_host(h.vars["model_path"], f.home)

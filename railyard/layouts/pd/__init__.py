@@ -27,7 +27,6 @@ both pools, one line per difference; TP, block counts and speculative token coun
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -38,7 +37,7 @@ from ...plan.layout import Layout, Proof
 from ...plan.spec import (HEAD_ADDR, ContainerSpec, Dial, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest,
                           Service, Stage, is_loopback)
 from ...engines.vllm import (KV_LINE, NCCL_SO_SETUP, NO_EXPANDABLE_SEGMENTS, READY_LINE, VllmConfig, all2all_notes,
-                             all2all_problem, nccl_env, serve_command, service_env_path)
+                             all2all_problem, kv_transfer_config, nccl_env, serve_command, service_env_path)
 
 if TYPE_CHECKING:
     from ...report import Report
@@ -289,7 +288,7 @@ class Pd(Layout, name="pd"):
                                             f"{cfg.pipeline_parallel_size} x data {local}{over} = "
                                             f"{n * cfg.world_size // span} GPUs on {h.name}; the host gives "
                                             f"cluster_gpus_per_host: {v['cluster_gpus_per_host']}")
-        if why := all2all_problem(cfg.all2all_backend):
+        if why := all2all_problem(cfg.all2all_backend, cfg.vllm):
             bad("vllm_all2all_backend", cfg.all2all_backend, why)
         last = cfg.port + n - 1
         side = v["pd_side_channel_port"]
@@ -413,10 +412,9 @@ class Pd(Layout, name="pd"):
             devices = ",".join(f"{r.hca}:1" for r in h.rails.values())
         name = f"{pool}-{number}" + (f"-node{node}" if node else "")
         lease = int(v["pd_kv_lease_s"])
-        kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": ROLE[pool],
-                         **({"kv_buffer_device": v["pd_kv_buffer_device"]} if v["pd_kv_buffer_device"] else {}),
-                         **({"kv_connector_extra_config": {"kv_lease_duration": lease}} if lease else {})},
-                        separators=(",", ":"))
+        kv = kv_transfer_config(cfg.vllm.nixl, ROLE[pool],
+                                {"kv_buffer_device": v["pd_kv_buffer_device"]} if v["pd_kv_buffer_device"] else {},
+                                {"kv_lease_duration": lease} if lease else {})
         group_args: list = []
         if span > 1:
             group_args = ["--data-parallel-size-local", str(local), "--data-parallel-address", HEAD_ADDR,
@@ -427,7 +425,7 @@ class Pd(Layout, name="pd"):
         values = {"rail_hca": rail.hca, "gid_index": f.gid_index, "rail_iface": rail.name, "node_ip": rail.ip}
         # the DP/EP ranks inside the instance still talk NCCL; no expandable_segments: its CUDA VMM
         # remaps the KV cache NIXL registered, and vLLM (0.32) refuses it beside any KV connector
-        env = dict(nccl_env(values, drop=(NO_EXPANDABLE_SEGMENTS,)))
+        env = dict(nccl_env(values, drop=(NO_EXPANDABLE_SEGMENTS,), version=cfg.vllm))
         env.update({"UCX_TLS": v["pd_ucx_tls"], "UCX_NET_DEVICES": devices, "UCX_LOG_LEVEL": "info",
                     "VLLM_NIXL_SIDE_CHANNEL_HOST": rail.ip, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)})
         env.update(dict(cfg.extra_env))

@@ -171,7 +171,7 @@ class Replicas(Layout, name="replicas"):
                               ("EVICTION", lmc.eviction_policy), ("PYTHONHASHSEED", seed)),
             env_path=service_env_path(v["vllm_env_file"], "lmcache"), expect=(("gpu_process", "optional"),))
 
-        kv_json = kv_transfer_config(lmc)
+        kv_json = kv_transfer_config(lmc, cfg.vllm.lmcache)
         replicas = []
         for i, name in enumerate(replica_names(n)):
             mine = gpus[i * cfg.world_size:(i + 1) * cfg.world_size]
