@@ -14,10 +14,10 @@ import sys
 from invoke import Collection, Task
 
 from .cli import (bench, capacity, collect, discover, export, hang, health, hosts, nccl, preflight, rdma, recover,
-                  serve, sync, verify)
+                  roll, serve, sync, verify)
 
 ns = Collection()
-for module in (discover, preflight, hosts, sync, serve, verify, health, recover, nccl, rdma, capacity, export,
+for module in (discover, preflight, hosts, sync, serve, verify, health, recover, roll, nccl, rdma, capacity, export,
                collect, bench, hang):
     for value in vars(module).values():
         if isinstance(value, Task):

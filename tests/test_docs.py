@@ -10,7 +10,7 @@ from .conftest import ROOT
 from .test_tasks import every_task, namespace
 
 DOCS = ROOT / "docs"
-OWN_PAGE = {"rdma-test": "rdma-test.md"}   # a page of its own, the task's flags anywhere in it
+OWN_PAGE = {"rdma-test": "rdma-test.md", "roll": "roll.md"}   # a page of its own, the task's flags anywhere in it
 
 
 def page_of(task: str) -> str:

@@ -191,6 +191,70 @@ def test_a_planned_restart_takes_the_replica_out_of_routing_first_and_loses_no_r
     assert on("A", f"cat ~/.cache/railyard/serve/{DEP}/router/drained").stdout == ""
 
 
+NEW_REV = "b" * 40
+
+
+def new_revision(broken: bool = False) -> str:
+    """The lab model's other seed (its other weights) beside the running checkpoint, as a new revision is
+    downloaded; broken: its config.json cut short (the engine cannot start on it)."""
+    from railyard_lab.faults import WRONG_SEED
+    path = home("A") / "models" / f"tiny-qwen3-{NEW_REV[:12]}"
+    shutil.rmtree(path, ignore_errors=True)
+    write_checkpoint(path, 0.002, 2, model_seed=WRONG_SEED)
+    if broken:
+        (path / "config.json").write_text("{")
+    return str(path)
+
+
+def started_at(*names: str) -> dict[str, str]:
+    return {n: on("A", f"docker inspect --format '{{{{.State.StartedAt}}}}' {DEP}-{n}").stdout.strip() for n in names}
+
+
+def test_a_new_revision_rolls_one_replica_at_a_time_under_load_with_no_request_lost(deployed):
+    """issue 45: the other seed's weights as a new revision; `inv roll` takes r0 out of routing, drains it, starts
+    it on the new checkpoint, gates it, back in; then r1. Every request of a steady load is counted; the canary is
+    recorded again for the new revision (other weights answer otherwise); `inv status` shows the roll."""
+    new_revision()
+    before = json.loads(on("A", f"cat ~/.cache/railyard/serve/{DEP}/canary.json 2>/dev/null || echo null").stdout)
+    lmc = started_at("lmcache", "router")
+    p = load(25)
+    r = inv(deployed, "roll", "--revision", NEW_REV, "--json", timeout=600)
+    ev = events(p)
+    doc = json.loads(r.stdout)
+    print(f"during the roll: {sum(1 for e in ev if not e[1])} of {len(ev)} requests failed; roll {doc['data']['seconds']} s")
+    assert r.returncode == 0, doc
+    assert len(ev) > 20 and all(e[1] for e in ev), [e for e in ev if not e[1]]
+    done = [d["step"] for d in doc["data"]["done"]]
+    assert [d for d in done if d.startswith(("r0: started", "r1: started"))] == [
+        "r0: started on the new plan, gated, and answered a request", "r1: started on the new plan, gated, and answered a request"]
+    assert started_at("lmcache", "router") == lmc                     # only the replicas restarted
+    record = json.loads(on("A", f"cat ~/.cache/railyard/serve/{DEP}/canary.json").stdout)
+    assert record["model_revision"] == NEW_REV and (before is None or record["answers"] != before["answers"])
+    st = json.loads(inv(deployed, "status", "--json").stdout)
+    last = st["data"]["recoveries"]["last_roll"]
+    assert last["ok"] and last["change"]["to"] == NEW_REV and last["path"] == "one replica at a time"
+    assert f"tiny-qwen3-{NEW_REV[:12]}" in on("A", f"docker inspect {DEP}-r1").stdout   # its checkpoint mounted
+
+
+def test_a_revision_that_does_not_start_stops_the_roll_at_the_first_replica_on_the_old_weights(deployed):
+    # the inventory's revision again (its env files, then its containers)
+    assert inv(deployed, "env").returncode == 0 and inv(deployed, "launch", "--recreate").returncode == 0
+    assert inv(deployed, "health", "--canary", "record").returncode == 0
+    new_revision(broken=True)
+    r1 = started_at("r1")
+    r = inv(deployed, "roll", "--revision", NEW_REV, "--json", timeout=600)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["data"]["failure"].startswith("r0 on the new plan: "), doc["data"]
+    assert "r0 is back on the old plan and in routing" in doc["data"]["failure"]
+    assert started_at("r1") == r1                                      # the roll stopped before r1
+    assert f"tiny-qwen3-{NEW_REV[:12]}" not in on("A", f"docker inspect {DEP}-r0").stdout
+    h = inv(deployed, "health", "--canary", "--json")
+    assert h.returncode == 0, [c for c in json.loads(h.stdout)["checks"] if c["status"] != "pass"]
+    last = json.loads(inv(deployed, "status", "--json").stdout)["data"]["recoveries"]["last_roll"]
+    assert not last["ok"] and last["failure"].startswith("r0 on the new plan")
+    shutil.rmtree(home("A") / "models" / f"tiny-qwen3-{NEW_REV[:12]}", ignore_errors=True)
+
+
 def test_stop_start_and_four_tp2_replicas(deployed):
     stop = inv(deployed, "stop")
     assert stop.returncode == 0

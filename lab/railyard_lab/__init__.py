@@ -83,6 +83,9 @@ CONTROL_IP = f"{MGMT_NET}.1"
 RAIL_MTU = 9000
 LAB_IMAGE_NAME = "vllm/vllm-openai:v0.30.0-aarch64"
 LAB_IMAGE_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image v0.30.0-aarch64").hexdigest()
+# a second tag of the same engine (what `inv roll --image` moves a lab deployment to)
+LAB_IMAGE_NEXT = "vllm/vllm-openai:v0.32.0-aarch64"
+LAB_IMAGE_NEXT_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image v0.32.0-aarch64").hexdigest()
 # the LiteLLM proxy's own image (its program: the real proxy, from the lab's litellm venv)
 LITELLM_IMAGE_NAME = "docker.litellm.ai/berriai/litellm:v1.108.7"
 LITELLM_IMAGE_DIGEST = "sha256:" + hashlib.sha256(b"railyard lab image litellm v1.108.7").hexdigest()
@@ -93,6 +96,8 @@ _IMAGE_PATH = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 # each image's Config as `docker image inspect` shows it (railyard always passes --entrypoint)
 LAB_IMAGES = {
     LAB_IMAGE_NAME: {"digest": LAB_IMAGE_DIGEST, "config": {
+        "Env": _IMAGE_PATH, "Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace"}},
+    LAB_IMAGE_NEXT: {"digest": LAB_IMAGE_NEXT_DIGEST, "config": {
         "Env": _IMAGE_PATH, "Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace"}},
     LITELLM_IMAGE_NAME: {"digest": LITELLM_IMAGE_DIGEST, "config": {
         "Env": _IMAGE_PATH, "Entrypoint": ["docker/prod_entrypoint.sh"], "Cmd": ["--port", "4000"],

@@ -201,6 +201,13 @@ def show_recoveries(con, rec: dict) -> None:
               + f" (in {window})")
     if rec.get("hang_dump"):
         con.print(f"latest hang dump: {rec['hang_dump']} (inv hang-dump takes another)", markup=False)
+    roll = rec.get("last_roll")
+    if roll:
+        c = roll.get("change") or {}
+        con.print(f"last roll: {roll.get('at')} {c.get('what')} {c.get('from')} -> {c.get('to')}, {roll.get('path')}, "
+                  f"{roll.get('seconds')} s" + (f", downtime {roll['downtime_s']} s" if roll.get("downtime_s") is not None
+                                                else "") + (", ok" if roll.get("ok") else f", FAILED: {roll.get('failure')}"),
+                  soft_wrap=True, markup=False)
 
 
 @rtask(help={"rank": "host name (B), rank number (1) or service name", "follow": "keep following",

@@ -129,6 +129,16 @@ class Layout:
     def recovery(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, target: str | None, found: Any) -> Any:
         return None
 
+    def roll_steps(self, plan: LaunchPlan) -> list[str] | None:
+        """The steps of a roll of its own (railyard.verbs.roll); None: a planned restart of the whole plan."""
+        return None
+
+    def roll(self, inv: Inventory, runner: "Runner", old: LaunchPlan, new: LaunchPlan, record: Any, timeout: float,
+             drain_timeout: float, show: Any) -> None:
+        """Take the roll roll_steps described, its steps into record (railyard.verbs.roll.Roll); raise
+        LaunchError when it stops."""
+        raise NotImplementedError
+
     def restore(self, inv: Inventory, runner: "Runner", plan: LaunchPlan, rec: Any, timeout: float,
                 drain_timeout: float, show: Any) -> Any:
         return None

@@ -162,9 +162,13 @@ def status(inv: Inventory) -> tuple[list[dict], dict]:
             return rows, {"error": f"the recovery record was not read: {e}"}
         names = [s.name for s in plan.by_rank()]
         from .hang_dump import latest
+        from .roll import load_rolls, path_for
+        state = lock.lock_host(inv).vars["vllm_state_dir"]
+        rolls = load_rolls(book.session, path_for(state, plan.deployment))
         return rows, {"file": book.where, "budget": book.budget, "window_s": book.window_s,
                       "recent": book.recent(), "left": book.left(names),
-                      "hang_dump": latest(book.session, lock.lock_host(inv).vars["vllm_state_dir"], plan.deployment)}
+                      "hang_dump": latest(book.session, state, plan.deployment),
+                      "last_roll": rolls[-1] if rolls else None}
 
 
 def logs(inv: Inventory, rank: str | None, follow: bool, lines: int | None, write) -> int:

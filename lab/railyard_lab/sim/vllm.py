@@ -1429,6 +1429,12 @@ def main(argv):
              "requirements:\n1. Provide a valid Hugging Face repository ID.\n2. Specify a local directory that "
              "contains a recognized configuration file.\n   - For Hugging Face models: ensure the presence of a "
              "'config.json'.")
+    try:   # transformers' configuration_utils reads it first, as the real engine's start does
+        with open(os.path.join(model_dir, "config.json")) as f:
+            json.load(f)
+    except ValueError:
+        fail(f"It looks like the config file at '{os.path.join(args['model'], 'config.json')}' is not a valid JSON "
+             "file.", exc="OSError")
     tp, pp, dp, nnodes = (args["tensor-parallel-size"], args["pipeline-parallel-size"], args["data-parallel-size"],
                           args["nnodes"])
     ep = bool(args["enable-expert-parallel"])

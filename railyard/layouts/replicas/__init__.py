@@ -53,6 +53,16 @@ class Replicas(Layout, name="replicas"):
         """Each replica directly, then the router: a wrong replica is named, and what users get is judged."""
         return [Endpoint.of(x, plan.endpoint.model) for x in plan.services() if x.role == "replica"] + [plan.endpoint]
 
+    def roll_steps(self, plan: LaunchPlan) -> list[str] | None:
+        from .roll import steps
+        return steps(plan)
+
+    def roll(self, inv: Inventory, runner: Runner, old: LaunchPlan, new: LaunchPlan, record: Any, timeout: float,
+             drain_timeout: float, show: Any) -> None:
+        """One replica at a time (railyard.layouts.replicas.roll)."""
+        from .roll import roll
+        roll(inv, runner, old, new, record, timeout, drain_timeout, show)
+
     def recovery(self, inv: Inventory, runner: Runner, plan: LaunchPlan, target: str | None, found: Any) -> Any:
         """A crashed, hung or named replica: the short or the long path (railyard.layouts.replicas.recover)."""
         from .recover import survey
