@@ -158,6 +158,9 @@ def _setup(d, inv_path):
         lockdir.mkdir(parents=True)
         (lockdir / "owner").write_text(json.dumps({"user": user, "machine": machine, "pid": 4242,
                                                    "since": "2026-12-01T08:00:00Z", "command": "inv launch"}))
+    if "revision" in d:  # a new revision downloaded beside the running one: the lab model's other seed
+        from railyard_lab.faults import WRONG_SEED
+        write_checkpoint(home("A") / "models" / f"tiny-qwen3-{d['revision'][:12]}", 0.002, 2, model_seed=WRONG_SEED)
     if "fault" in d:
         host, kind, *value = d["fault"].split()
         faults.fault(host, kind, value[0] if value else None)
