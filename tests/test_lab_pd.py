@@ -212,6 +212,41 @@ def test_a_hung_decode_instance_is_killed_and_comes_back_alone(pd):
     assert inv(pd, "health").returncode == 0
 
 
+def test_a_new_revision_rolls_through_pd_in_one_planned_restart_never_mixing_revisions(pd):
+    """issue 45: pd never runs a prefill of one revision beside a decode of another (the KV it hands over would be
+    another model's), so its roll is a planned restart: every instance and the proxy down, then up on the new
+    checkpoint (copied from A to B and C and verified first). Requests through the proxy are counted across it:
+    those in the downtime fail, and the figure is printed; after it every instance mounts the new revision."""
+    from railyard_lab.faults import WRONG_SEED
+    rev = "e" * 40
+    write_checkpoint(home("A") / "models" / f"tiny-qwen3-{rev[:12]}", 0.002, 2, model_seed=WRONG_SEED)
+    loop = ("n=0; f=0; end=$(($(date +%s) + 40)); while [ $(date +%s) -lt $end ]; do n=$((n+1)); "
+            "c=$(curl -s -m 20 -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d '{\"model\": "
+            "\"railyard-lab/tiny-qwen3\", \"max_tokens\": 2, \"messages\": [{\"role\": \"user\", \"content\": "
+            "\"hi\"}]}' http://127.0.0.1:8192/v1/chat/completions); [ \"$c\" = 200 ] || f=$((f+1)); sleep 0.2; done; "
+            "echo \"$n $f\"")
+    import railyard_lab as lab
+    import subprocess
+    root = lab.lab_dir()
+    load = subprocess.Popen(lab.ssh_argv(root, lab.lab_host(root, "A"), [loop]), stdout=subprocess.PIPE, text=True)
+    time.sleep(2)
+    r = inv(pd, "roll", "--revision", rev, "--json", timeout=600)
+    sent, failed = map(int, load.communicate(timeout=120)[0].split())
+    doc = json.loads(r.stdout)
+    d = doc["data"]
+    print(f"pd roll: {d['seconds']} s, downtime {d['downtime_s']} s; {failed} of {sent} requests through the proxy "
+          "failed (the downtime's)")
+    assert r.returncode == 0 and d["path"] == "planned restart", d
+    assert "planned restart: pd serves as one group" in " ".join(d["steps"])
+    for h, n in (("A", "prefill-0"), ("A", "prefill-1"), ("B", "prefill-2"), ("B", "prefill-3"), ("C", "decode-0")):
+        assert f"tiny-qwen3-{rev[:12]}" in on(h, f"docker inspect {DEP}-{n}").stdout, (h, n)
+    assert 0 < failed < sent
+    rolled = ("--set", f'model_revision="{rev}"', "--set", f"model_path=~/models/tiny-qwen3-{rev[:12]}")
+    assert inv(pd, "health", *rolled).returncode == 0
+    # the inventory's revision for the tests after (its env files, then its containers)
+    assert inv(pd, "env").returncode == 0 and inv(pd, "launch", "--recreate").returncode == 0
+
+
 def test_a_decode_instance_over_two_hosts_serves_and_dies_whole(pd):
     two = pd_inventory(pd.parent / "inventory.yml", pd.parent / "pd-wide.yml", wide=True)
     remove_all()
