@@ -87,3 +87,27 @@ def test_the_8_gpu_host_discovered_passes_preflight(hgx8_inventory, tmp_path):
     assert v["cluster_gpu_name"] == "H200"
     pre = railyard("preflight", "--inventory", str(out), "--json")
     assert pre.returncode == 0, pre.stdout[-3000:] + pre.stderr
+
+
+@pytest.fixture(scope="module")
+def wide_lab(lab_inventory):
+    import railyard_lab as lab
+    faults.heal()
+    path = lab.up(24, log=lambda *_: None, engine="stand-in")
+    yield path
+    faults.heal()
+    lab.up(2, log=lambda *_: None, engine="stand-in")  # the shape every other lab test expects
+    faults.heal()
+
+
+def test_24_hosts_discovered_pass_preflight(wide_lab, tmp_path):
+    hosts, sets = given(wide_lab)
+    out = tmp_path / "inventory.yml"
+    r = railyard("discover", "--hosts", ",".join(hosts), "--user", "root", "--out", str(out), *sets)
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load(out.read_text())
+    found = doc["all"]["children"]["discovered"]["hosts"]
+    assert len(found) == 24 and [h["rank"] for h in found.values()] == list(range(24))
+    assert all(set(h["rails"]) == {"cx8r0", "cx8r1"} for h in found.values())
+    pre = railyard("preflight", "--inventory", str(out), "--json")
+    assert pre.returncode == 0, [c for c in json.loads(pre.stdout)["checks"] if c["status"] != "pass"][:5]
