@@ -41,8 +41,9 @@ def test_healthy_lab_passes_every_check(healthy_lab):
     assert doc["ok"] is True
     checks = {(c["host"], c["check"]): c for c in doc["checks"]}
     expected = {"ssh", "docker", "image", "rail_link", "rail_ip", "link_speed", "mtu", "jumbo_ping", "route",
-                "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity"}
-    assert {c for h, c in checks if h == "B"} == expected | {"ports"}   # B dials the head's master port
+                "gid", "ntp", "clock_skew", "disk", "gpu", "gpu_health", "gdr", "parity", "cma", "nccl_conf",
+                "nccl_lib", "gloo_iface", "ports"}   # B dials the head's master port, A rdma-test's perftest ports on B
+    assert {c for h, c in checks if h == "B"} == expected
     assert {c for h, c in checks if h == "A"} == expected | {"ssh_peer"}
     assert checks[("B", "ports")]["detail"] == f"B reaches every port the plan dials from it: A {lab.rail_net(1)}.11:29501"
     assert all(c["status"] == "pass" for c in doc["checks"])
@@ -55,7 +56,7 @@ def test_healthy_lab_passes_every_check(healthy_lab):
 def test_table_output_and_exit_code(healthy_lab):
     r = inv_cmd("preflight", "-i", str(healthy_lab))
     assert r.returncode == 0
-    assert "jumbo_ping" in r.stdout and "PASS" in r.stdout and "OK: 36 pass across 2 host(s)" in r.stdout
+    assert "jumbo_ping" in r.stdout and "PASS" in r.stdout and "OK: 45 pass across 2 host(s)" in r.stdout
 
 
 def test_an_unreachable_host_is_said_at_once_and_the_rest_is_probed(healthy_lab):
@@ -236,8 +237,8 @@ def _snapshot(root: Path) -> dict:
     for dirpath, dirnames, files in os.walk(root):
         for name in files + dirnames:
             p = Path(dirpath) / name
-            if p.name in ("sshd.pid", "anchor.pid"):
-                continue
+            if p.name in ("sshd.pid", "anchor.pid") or p.parent.name == "docker" and p.name in ("containers", "removed"):
+                continue   # the docker daemon's own bookkeeping (its /var/lib/docker): what is left in it, below
             st = p.lstat()
             data = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else ""
             snap[str(p)] = (st.st_mode, st.st_size, st.st_mtime_ns, data)
@@ -249,8 +250,10 @@ def test_preflight_changes_nothing_on_the_hosts(healthy_lab):
     hosts_dir = lab_dir() / "hosts"
     net_before = {h: in_host(lab_host(lab_dir(), h), "ip", "-d", "addr").stdout for h in ("A", "B")}
     before = _snapshot(hosts_dir)
-    preflight(healthy_lab)
+    containers = {h: sorted(os.listdir(hosts_dir / h / "docker" / "containers")) for h in ("A", "B")}
+    preflight(healthy_lab)   # its one container of the pinned image per host is removed when it has printed
     assert _snapshot(hosts_dir) == before
+    assert {h: sorted(os.listdir(hosts_dir / h / "docker" / "containers")) for h in ("A", "B")} == containers
     assert {h: in_host(lab_host(lab_dir(), h), "ip", "-d", "addr").stdout for h in ("A", "B")} == net_before
 
 

@@ -37,7 +37,9 @@ def test_healthy_lab_passes_every_regression_check(healthy_lab):
     # without the variable, the host's own name: its management address, not loopback
     bare = _preflight(healthy_lab, NO_GLOO_IFNAME)
     assert bare[("B", "gloo_iface")]["status"] == "pass"
-    assert "B resolves to 198.18." in bare[("B", "gloo_iface")]["detail"]
+    import railyard_lab as lab
+    mgmt = lab.lab_host(lab.lab_dir(), "B").mgmt_ip      # this lab instance's own address of B
+    assert f"B resolves to {mgmt}" in bare[("B", "gloo_iface")]["detail"]
 
 
 @pytest.mark.parametrize("fault, check, words", [

@@ -660,7 +660,8 @@ def _ensure_keys(root: Path, hosts: list[LabHost]) -> None:
     if not (root / "id_ed25519").exists():
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "railyard-lab-control", "-f", str(root / "id_ed25519"))
     for h in hosts:
-        for d in (h.home / ".ssh", h.bin, h.state, h.dir / "docker"):
+        # docker's own state directories exist on a host with a daemon, before any container ran
+        for d in (h.home / ".ssh", h.bin, h.state, h.dir / "docker" / "containers", h.dir / "docker" / "removed"):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(h.home / ".ssh", 0o700)
         if not h.host_key.exists():

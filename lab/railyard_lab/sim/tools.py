@@ -1357,6 +1357,7 @@ def _start(name):
     """Double-fork a shim in a new session: it runs the container's command, keeps its output as docker's
     json-file driver does (`log`, one JSON object per line) and records its exit."""
     open(os.path.join(_cdir(name), "log"), "ab").close()
+    before = _state_of(name).get("StartedAt")
     pid = os.fork()
     if pid == 0:
         os.setsid()
@@ -1369,9 +1370,10 @@ def _start(name):
         os.dup2(errors, 2)
         os.execv(sys.executable, [sys.executable, "-SI", os.path.realpath(__file__), "__shim", name])
     os.waitpid(pid, 0)
-    for _ in range(500):  # until the shim has started the process
-        if _state_of(name).get("Running"):
-            return
+    # until the shim has started the process (or it already ran and exited): docker returns once it runs. On a
+    # loaded machine the shim's start takes seconds; returning before it, an attached run read an empty log
+    deadline = time.monotonic() + 120
+    while _state_of(name).get("StartedAt") == before and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
