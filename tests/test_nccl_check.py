@@ -66,7 +66,9 @@ def ranks(lab_inventory):
 
 @pytest.mark.lab
 def test_healthy_rail_passes_and_leaves_nothing_behind(ranks):
-    r = inv_cmd("nccl-check", "-i", str(ranks), "--json")
+    # the lab's rail is a veth: it moves what the machine's two cores can copy while other lab workers run (21 Gb/s
+    # alone, 5.2 Gb/s seen beside a 24-host test), not a link's 10 Gb/s; the judgment is tested against 2 Gb/s
+    r = inv_cmd("nccl-check", "-i", str(ranks), "--json", "--set", "preflight_link_speed_mbps=2000")
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["ok"], r.stdout
     assert [s["bytes"] for s in doc["data"]["sizes"]] == [1 << 20, 16 << 20, 256 << 20, 1 << 30]
