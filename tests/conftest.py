@@ -150,6 +150,19 @@ def hgx8_inventory(lab_inventory) -> Path:
     faults.heal()
 
 
+@pytest.fixture(scope="module")
+def wide_lab(lab_inventory) -> Path:
+    """The lab as 24 station hosts (the stand-in engine) for one module; the 2-host lab is back afterwards."""
+    import railyard_lab as lab
+    from railyard_lab import faults
+    faults.heal()
+    path = lab.up(24, log=lambda *_: None, engine="stand-in")
+    yield path
+    faults.heal()
+    lab.up(2, log=lambda *_: None, engine="stand-in")  # the shape every other lab test expects
+    faults.heal()
+
+
 @contextlib.contextmanager
 def real_lab(layout: str):
     """The lab as `inv lab.up --layout LAYOUT` makes it, serving with the real vLLM (its CPU build), the

@@ -89,16 +89,6 @@ def test_the_8_gpu_host_discovered_passes_preflight(hgx8_inventory, tmp_path):
     assert pre.returncode == 0, pre.stdout[-3000:] + pre.stderr
 
 
-@pytest.fixture(scope="module")
-def wide_lab(lab_inventory):
-    import railyard_lab as lab
-    faults.heal()
-    path = lab.up(24, log=lambda *_: None, engine="stand-in")
-    yield path
-    faults.heal()
-    lab.up(2, log=lambda *_: None, engine="stand-in")  # the shape every other lab test expects
-    faults.heal()
-
 
 def test_24_hosts_discovered_pass_preflight(wide_lab, tmp_path):
     hosts, sets = given(wide_lab)

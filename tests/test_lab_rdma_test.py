@@ -81,16 +81,6 @@ def test_a_host_without_perftest_fails_its_row_saying_how_to_get_it_and_runs_no_
     assert row["host"] == "A" and "ib_write_lat is not on A's PATH: install perftest" in row["detail"]
 
 
-@pytest.fixture(scope="module")
-def wide_lab(lab_inventory):
-    import railyard_lab as lab
-    faults.heal()
-    path = lab.up(24, log=lambda *_: None, engine="stand-in")
-    yield path
-    faults.heal()
-    lab.up(2, log=lambda *_: None, engine="stand-in")  # the shape every other lab test expects
-    faults.heal()
-
 
 def test_24_hosts_every_rail_of_every_host_is_measured_from_both_sides_by_a_ring_in_parallel(wide_lab):
     code, doc, took = rdma_test(wide_lab, "--duration", "1", timeout=600)

@@ -24,7 +24,7 @@ The verdicts, each naming host pair, rail, HCA, memory kind and figure:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import FAIL, PASS, WARN
 
@@ -81,7 +81,6 @@ class Measure:
     cuda: tuple[int | None, int | None] = (None, None)   # (server GPU, client GPU) for GPU memory
     status: str = ""
     detail: str = ""
-    notes: list[str] = field(default_factory=list)
 
     @property
     def where(self) -> str:

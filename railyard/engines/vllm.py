@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..inventory import Host
 from ..plan.spec import MODEL_DIR, PORT, Ref, Value
 from . import MILESTONES, Engine, KvLine
 from .vllm_versions import TABLES, KvConnector, VllmVersion, for_vars
@@ -246,6 +247,13 @@ def nccl_env(values: dict, drop: tuple[str, ...] = (), version: VllmVersion = OL
         key = tpl[1:-1] if tpl.startswith("{") and tpl.endswith("}") else None
         out.append((k, values[key] if key and isinstance(values[key], Ref) else tpl.format(**values)))
     return out
+
+
+def rank_nccl_env(host: Host) -> dict[str, str]:
+    """The NCCL environment nccl_env renders for a rank on this host's serving rail, as far as it is known before
+    launch (its GID index a fact: a placeholder here); what preflight's nccl_conf and gloo_iface read."""
+    rail = host.serve_rail
+    return dict(nccl_env({"rail_hca": rail.hca, "gid_index": "(fact)", "rail_iface": rail.name, "node_ip": rail.ip}))
 
 
 # ---------------------------------------------------------------- what vLLM prints

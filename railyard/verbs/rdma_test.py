@@ -61,7 +61,7 @@ class HostFacts:
     links: dict[str, Link] = field(default_factory=dict)
     tools: set[str] = field(default_factory=set)
     dmabuf: bool = False
-    problems: list[str] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)   # (status, what): fail or warn
 
 
 @dataclass
@@ -124,14 +124,14 @@ def read_facts(h: Host, rails: list[str], memory: tuple[str, ...], out: dict[str
     f.tools = set(out["tools"].text.split()) if out["tools"].ok else set()
     for t in ("ib_write_bw", "ib_write_lat"):
         if t not in f.tools:
-            f.problems.append(f"{t} is not on {h.name}'s PATH: install perftest (Debian/Ubuntu: apt-get install "
-                              "perftest; RHEL: dnf install perftest; MLNX_OFED and DOCA ship it)")
+            f.problems.append((FAIL, f"{t} is not on {h.name}'s PATH: install perftest (Debian/Ubuntu: apt-get "
+                                     "install perftest; RHEL: dnf install perftest; MLNX_OFED and DOCA ship it)"))
     topo, nearest = None, {}
     if GPU in memory:
         f.dmabuf = "--use_cuda_dmabuf" in out["help"].text
         if "--use_cuda" not in out["help"].text and "ib_write_bw" in f.tools:
-            f.problems.append(f"{h.name}'s ib_write_bw was built without CUDA (its --help has no --use_cuda): "
-                              "GPU memory cannot be measured there")
+            f.problems.append((WARN, f"{h.name}'s ib_write_bw was built without CUDA (its --help has no --use_cuda): "
+                                     "GPU memory cannot be measured there"))
         try:
             topo = parse_topo_matrix(out["topo"].text) if out["topo"].ok else None
         except ValueError:
@@ -148,7 +148,8 @@ def read_facts(h: Host, rails: list[str], memory: tuple[str, ...], out: dict[str
                                 for i, t in topo.items() if i in cluster)
                 nearest[r] = ranked[0][1] if ranked else None
         else:
-            f.problems.append(f"{h.name}: `nvidia-smi topo -m` gave no matrix: the GPU nearest each NIC is not known")
+            f.problems.append((WARN, f"{h.name}: `nvidia-smi topo -m` gave no matrix: the GPU nearest each NIC is "
+                                     "not known"))
     for r in rails:
         hca, rate_text = h.rails[r].hca, out[f"rate.{r}"].text
         rate, source = None, ""
@@ -372,8 +373,8 @@ def rdma_test(inv: Inventory, hosts: str | None = None, rails: str | None = None
         for name, r in got.failed.items():
             checks.append(CheckResult(name, "rdma_test", FAIL, f"not read: {r.error}"))
         for name, f in facts.items():
-            for problem in f.problems:
-                checks.append(CheckResult(name, "perftest", FAIL if "PATH" in problem else WARN, problem))
+            for status, problem in f.problems:
+                checks.append(CheckResult(name, "perftest", status, problem))
         ready = {n for n, f in facts.items() if {"ib_write_bw", "ib_write_lat"} <= f.tools}
         for i, pairs in enumerate(plan, 1):
             runnable = [p for p in pairs if p.server in ready and p.client in ready]

@@ -94,7 +94,7 @@ def target(inv: Inventory, load: Callable[[list[str]], Inventory], revision: str
     return new, change
 
 
-def stage(old: Inventory, new: Inventory, change: dict, runner: Runner, plan: LaunchPlan, roll: Roll) -> None:
+def stage(new: Inventory, change: dict, runner: Runner, plan: LaunchPlan, roll: Roll) -> None:
     """What the new plan needs, before anything stops: the checkpoint everywhere (verified by content) or
     the image on every host; the env files."""
     began = time.monotonic()
@@ -190,7 +190,7 @@ def roll(old: Inventory, new: Inventory, change: dict, dry_run: bool, timeout: f
         timeout = float(timeout or new.head.vars["vllm_start_timeout_s"])
         with HeadLock(runner.session(lock_host(new)), "inv roll"):
             try:
-                stage(old, new, change, runner, plan, r)
+                stage(new, change, runner, plan, r)
                 if own:
                     layout.roll(new, runner, old_plan, plan, r, timeout, drain_timeout, show)
                 else:

@@ -15,7 +15,8 @@ from ...facts.host import HostFacts, on_host
 from ...plan.layout import Layout
 from ...plan.spec import (GID_INDEX, GROUP_SIZE, HEAD_ADDR, NODE_ADDR, NODE_RANK, ContainerSpec, Dial, Endpoint, Gate,
                           GpuRequest, LaunchPlan, Mount, RdmaRequest, Secret, Service, Stage, Value)
-from ...engines.vllm import API_KEY_TARGET, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, serve_command
+from ...engines.vllm import (API_KEY_TARGET, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, rank_nccl_env,
+                             serve_command)
 
 GROUP = "tp"
 
@@ -25,11 +26,8 @@ class MultinodeTP(Layout, name="multinode_tp"):
     ranks_span_hosts = True
 
     def rank_env(self, inv: Inventory, host: Host) -> dict[str, str]:
-        """The reference's NCCL environment for the host's serving rail (its GID index a fact: a placeholder here),
-        then vllm_extra_env."""
-        rail = host.serve_rail
-        return dict(nccl_env({"rail_hca": rail.hca, "gid_index": "(fact)", "rail_iface": rail.name,
-                              "node_ip": rail.ip})) | super().rank_env(inv, host)
+        """The reference's NCCL environment for the host's serving rail, then vllm_extra_env."""
+        return rank_nccl_env(host) | super().rank_env(inv, host)
 
     def hosts(self, inv: Inventory) -> list[Host]:
         return list(inv.hosts)

@@ -37,7 +37,8 @@ from ...plan.layout import Layout, Proof
 from ...plan.spec import (HEAD_ADDR, ContainerSpec, Dial, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest,
                           Service, Stage, is_loopback)
 from ...engines.vllm import (KV_LINE, NCCL_SO_SETUP, NO_EXPANDABLE_SEGMENTS, READY_LINE, VllmConfig, all2all_notes,
-                             all2all_problem, kv_transfer_config, nccl_env, serve_command, service_env_path)
+                             all2all_problem, kv_transfer_config, nccl_env, rank_nccl_env, serve_command,
+                             service_env_path)
 
 if TYPE_CHECKING:
     from ...report import Report
@@ -134,11 +135,8 @@ class Pd(Layout, name="pd"):
     ranks_span_hosts = True
 
     def rank_env(self, inv: Inventory, host: Host) -> dict[str, str]:
-        """The reference's NCCL environment for the host's serving rail (its GID index a fact: a placeholder here),
-        then vllm_extra_env."""
-        rail = host.serve_rail
-        return dict(nccl_env({"rail_hca": rail.hca, "gid_index": "(fact)", "rail_iface": rail.name,
-                              "node_ip": rail.ip})) | super().rank_env(inv, host)
+        """The reference's NCCL environment for the host's serving rail, then vllm_extra_env."""
+        return rank_nccl_env(host) | super().rank_env(inv, host)
 
     def final_gate(self, plan: LaunchPlan, runner: Runner) -> Proof:
         """One real request through the proxy over one KV block, prefilled in one pool and decoded in the
