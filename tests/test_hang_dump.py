@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from railyard.checks import stacks as S
+from railyard.checks.hang import PS_LIMIT_S, parse_ps
 from railyard.testing import FakeSession, answer
 from railyard.transport.runner import Runner
 from railyard.verbs import hang_dump as H
@@ -197,24 +198,26 @@ def test_flight_recorder_prefix_only_where_it_is_on():
 # ---------------------------------------------------------------- the processes, from the host side
 
 PS = """\
-   4100       1 Ssl  /usr/bin/containerd-shim-runc-v2 -namespace moby
-   4120    4100 Ss   /bin/bash -c export VLLM_NCCL_SO_PATH=x || exit 1; exec vllm serve /model --port 8000
-   4121    4120 Sl   /usr/bin/python3 /usr/local/bin/vllm serve /model --port 8000
-   4190    4121 Sl   VLLM::EngineCore
-   4201    4190 Sl   VLLM::Worker_TP0
-   4202    4190 Tl   VLLM::Worker_TP1
-   4230    4121 S    /usr/bin/python3 -c from multiprocessing.resource_tracker import main;main(7)
-   5000       1 Ss   /usr/sbin/sshd -D
+   4100       1 Ssl  containerd-shim /usr/bin/containerd-shim-runc-v2 -namespace moby
+   4120    4100 Ss   bash            /bin/bash -c export VLLM_NCCL_SO_PATH=x || exit 1; exec vllm serve /model --port 8000
+   4121    4120 Sl   vllm            /usr/bin/python3 /usr/local/bin/vllm serve /model --port 8000
+   4190    4121 Sl   VLLM::EngineCor VLLM::EngineCore
+   4201    4190 Sl   VLLM::Worker_TP VLLM::Worker_TP0
+   4202    4190 Tl   VLLM::Worker_TP VLLM::Worker_TP1
+   4230    4121 S    python3         /usr/bin/python3 -c from multiprocessing.resource_tracker import main;main(7)
+   4300    4121 Sl   VLLM::Worker_TP /usr/bin/python3 /usr/local/bin/vllm serve /model --port 8000
+   5000       1 Ss   sshd            /usr/sbin/sshd -D
 """
-COMM = "4100 containerd-shim\n4120 bash\n4121 vllm\n4190 VLLM::EngineCor\n4201 VLLM::Worker_TP\n4202 VLLM::Worker_TP\n" \
-       "4230 python3\n5000 sshd\n"
 
 
 def test_the_container_processes_are_vllms_titles_under_its_main_pid():
-    procs = H.container_processes(4120, H.parse_ps(PS), H.parse_comm(COMM))
+    """A forked worker that named itself only in the kernel (its args are still its parent's `vllm serve ...`,
+    4300) is a worker by its comm, read in the same `ps` as its args: never a second API server dropped."""
+    procs = H.container_processes(4120, parse_ps(PS))
     assert [(p.pid, p.kind, p.title, p.state) for p in procs] == [
         (4121, "api", "vllm serve", "Sl"), (4190, "engine", "VLLM::EngineCore", "Sl"),
-        (4201, "worker", "VLLM::Worker_TP0", "Sl"), (4202, "worker", "VLLM::Worker_TP1", "Tl")]
+        (4201, "worker", "VLLM::Worker_TP0", "Sl"), (4202, "worker", "VLLM::Worker_TP1", "Tl"),
+        (4300, "worker", "VLLM::Worker_TP", "Sl")]
 
 
 def test_a_title_only_the_kernel_knows_still_counts_and_a_headless_rank_is_no_api():
@@ -243,7 +246,7 @@ class V:
     evidence: list[str] = field(default_factory=list)
 
 
-def station_sessions(plan, inv, spy_on_path=True, b_dump=None):
+def station_sessions(plan, inv, spy_on_path=True, b_dump=None, b_ps_rc=0):
     """A and B: each one container (head / worker-1), B's worker the rank that stalls, A's waiting in vLLM's
     shared-memory broadcast; NCCL RAS answers on B, refuses on A."""
     sessions = {}
@@ -254,13 +257,15 @@ def station_sessions(plan, inv, spy_on_path=True, b_dump=None):
              "    lab_stall (engine_site.py:40)\n    execute_model (vllm/v1/worker/gpu_worker.py:450)\n")
     for h, svc, title, main, dump in (("A", "head", "VLLM::Worker_TP0", 4120, wait), ("B", "worker-1", "VLLM::Worker_TP1", 7120, stall)):
         container = plan.service(svc).spec.name
-        ps = (f"   {main}     1 Ss   /bin/bash -c exec vllm serve /model\n   {main + 1} {main} Sl   /usr/bin/python3 "
-              f"/usr/local/bin/vllm serve /model{' --headless' if h == 'B' else ''}\n"
-              f"   {main + 70} {main + 1} Sl   VLLM::EngineCore\n   {main + 81} {main + 70} Sl   {title}\n") if h == "A" else \
-             (f"   {main}     1 Ss   /bin/bash -c exec vllm serve /model --headless\n   {main + 1} {main} Sl   /usr/bin/python3 "
-              f"/usr/local/bin/vllm serve /model --headless\n   {main + 81} {main + 1} Sl   {title}\n")
+        ps = (f"   {main}     1 Ss   bash /bin/bash -c exec vllm serve /model\n   {main + 1} {main} Sl   vllm "
+              f"/usr/bin/python3 /usr/local/bin/vllm serve /model{' --headless' if h == 'B' else ''}\n"
+              f"   {main + 70} {main + 1} Sl   VLLM::EngineCor VLLM::EngineCore\n"
+              f"   {main + 81} {main + 70} Sl   VLLM::Worker_TP {title}\n") if h == "A" else \
+             (f"   {main}     1 Ss   bash /bin/bash -c exec vllm serve /model --headless\n   {main + 1} {main} Sl   "
+              f"vllm /usr/bin/python3 /usr/local/bin/vllm serve /model --headless\n"
+              f"   {main + 81} {main + 1} Sl   VLLM::Worker_TP {title}\n")
         env = json.dumps(["PATH=/usr/bin", "NCCL_DEBUG=INFO", "VLLM_API_KEY=secret-value"])
-        probe = {"ps": ps, "comm": "", "arch": "x86_64\n", "pyspy": "/usr/local/bin/py-spy\n" if spy_on_path else "",
+        probe = {"ps": (b_ps_rc if h == "B" else 0, ps), "arch": "x86_64\n", "pyspy": "/usr/local/bin/py-spy\n" if spy_on_path else "",
                  "gdb": "", "ours": "", "c0": f"{main} true {env}\n"}
         pid = main + 81
         ras = ras_queries()[0].partition("\n")[2] if h == "B" else "@@ras refused\n"
@@ -316,6 +321,14 @@ def test_a_healthy_pair_says_nothing_is_hung_and_exits_0_with_the_stacks(monkeyp
     rep, _ = run_dump(monkeypatch, [V("B", "worker-1", "rank 1", "ok"), V("A", "head", "endpoint", "ok")])
     assert rep.exit_code == 0 and rep.data["verdict"] == "nothing is hung"
     assert rep.data["summary"]["groups"] and rep.data["hosts"]["B"]["services"][0]["processes"][-1]["stack"]
+
+
+def test_a_process_list_cut_short_is_a_host_not_read_never_a_rank_left_out(monkeypatch):
+    """`ps` killed by its section's timeout on a loaded host printed only its first lines: B is named not read
+    (a fail), never shown with its rank missing."""
+    rep, _ = run_dump(monkeypatch, [V("B", "worker-1", "rank 1", "ok"), V("A", "head", "endpoint", "ok")], b_ps_rc=124)
+    assert "B" not in rep.data["hosts"] and rep.data["failed"]["B"].endswith(f"B: ps did not finish: timed out after {PS_LIMIT_S} s")
+    assert [(c.host, c.status) for c in rep.checks if c.check == "host"] == [("B", "fail")] and rep.exit_code == 1
 
 
 def test_a_stack_that_did_not_come_back_is_named_never_invented(monkeypatch):

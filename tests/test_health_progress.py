@@ -341,3 +341,19 @@ def test_the_engines_own_hang_line_is_a_verdict_only_beside_a_probe_it_did_not_a
         assert v.state == state, v
         if state == "hung":
             assert v.source == "log" and v.evidence[0] == "its log: " + line[0]
+
+
+def test_a_process_list_cut_short_is_no_verdict_on_the_processes_it_left_out():
+    """`ps` killed by its section's timeout on a loaded host: B's headless rank is unknown, naming why, never
+    "ok: N process(es) running" read from half a list."""
+    from railyard.testing import answer
+
+    from .test_plan import station_plan
+    _, plan, _ = station_plan()
+    worker = next(s for s in plan.services() if s.host == "B")
+    s = FakeSession(Host("B", 0, "198.18.0.12", 22, "root", "ssh", "", {}, {}))
+    s.on(re.compile(r"^ry ps ", re.M), answer({"ps": (124, "      1       0 Ss   init /sbin/init\n"),
+                                                "c0": "7120 running\n", "l0": ""}))
+    [v] = hung._host_survey(s, plan, 20)
+    assert (v.service, v.state, v.evidence) == (worker.name, "unknown", [f"ps did not finish: timed out after "
+                                                                         f"{hung.PS_LIMIT_S} s"])

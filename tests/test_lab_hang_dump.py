@@ -52,7 +52,8 @@ def test_a_healthy_pair_is_not_hung_exits_0_and_still_shows_each_ranks_stack(ser
     rc, doc = dump(serving)
     assert rc == 0 and doc["ok"] and not doc["data"]["hung"], doc["data"]["verdict"]
     workers = {h: [p for p in processes(doc, h) if p["kind"] == "worker"] for h in ("A", "B")}
-    assert [p["title"][:15] for p in workers["A"] + workers["B"]] == ["VLLM::Worker_TP"] * 2, workers
+    notes = {h: [sd["notes"] for sd in doc["data"]["hosts"][h]["services"]] for h in ("A", "B")}
+    assert [p["title"][:15] for p in workers["A"] + workers["B"]] == ["VLLM::Worker_TP"] * 2, (workers, notes)
     for p in workers["A"] + workers["B"]:
         assert p["stack"] and p["frame"] or p["failures"], p              # a stack, or why there is none
     assert doc["data"]["summary"]["line"]

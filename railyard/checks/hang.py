@@ -76,6 +76,7 @@ class Proc:
 
 
 PS = "ps -e -o pid=,ppid=,stat=,comm=,args="
+PS_LIMIT_S = 45   # a loaded host's ps of a thousand processes takes seconds; one cut short is not read
 
 
 def parse_ps(text: str) -> dict[int, Proc]:

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import FAIL, PASS, WARN, CheckResult
-from ..checks.hang import Verdict
+from ..checks.hang import PS, PS_LIMIT_S, Verdict, parse_ps, tree
+from ..checks.hang import Proc as PsRow
 from ..checks.stacks import (Frame, Stack, flight_record, group_ranks, load_flight_recorder, parse_gdb, parse_py_spy,
                              parse_ras_status, waiting_frame)
 from ..errors import RailyardError
@@ -75,26 +76,6 @@ class Proc:
     kind: str        # api | serve (a headless rank's own process) | engine | worker
 
 
-def parse_ps(text: str) -> dict[int, tuple[int, str, str]]:
-    """`ps -e -o pid=,ppid=,stat=,args=` -> {pid: (ppid, stat, args)}."""
-    out = {}
-    for line in text.splitlines():
-        p = line.split(None, 3)
-        if len(p) >= 3 and p[0].isdigit() and p[1].isdigit():
-            out[int(p[0])] = (int(p[1]), p[2], p[3] if len(p) > 3 else "")
-    return out
-
-
-def parse_comm(text: str) -> dict[int, str]:
-    """`ps -e -o pid=,comm=` -> {pid: comm} (the kernel's name, 15 characters: VLLM::Worker_TP)."""
-    out = {}
-    for line in text.splitlines():
-        pid, _, comm = line.strip().partition(" ")
-        if pid.isdigit():
-            out[int(pid)] = comm.strip()
-    return out
-
-
 _TITLE = re.compile(r"^(VLLM::\S+|EngineCore(?:_DP\d+|_\d+)?)\b")
 
 
@@ -116,27 +97,16 @@ def kind_of(args: str, comm: str) -> tuple[str, str] | None:
     return None
 
 
-def container_processes(main: int, table: dict[int, tuple[int, str, str]], comms: dict[int, str]) -> list[Proc]:
+def container_processes(main: int, table: dict[int, PsRow]) -> list[Proc]:
     """vLLM's processes among the container's main process and its descendants, in pid order; a `vllm serve`
     process below another one (vLLM's own children re-exec'd) is not a second API server."""
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    seen, todo = set(), [main]
-    while todo:
-        pid = todo.pop()
-        if pid in seen or pid not in table:
-            continue
-        seen.add(pid)
-        todo += children.get(pid, [])
     out, has_serve = [], False
-    for pid in sorted(seen):
-        ppid, stat, args = table[pid]
-        k = kind_of(args, comms.get(pid, ""))
+    for row in sorted(tree(table, main), key=lambda r: r.pid):
+        k = kind_of(row.title, row.comm)
         if k is None or (k[0] in ("api", "serve") and k[1] == "vllm serve" and has_serve):
             continue
         has_serve = has_serve or k[1] == "vllm serve"
-        out.append(Proc(pid, ppid, stat, k[1], k[0]))
+        out.append(Proc(row.pid, row.ppid, row.state, k[1], k[0]))
     return out
 
 
@@ -379,8 +349,7 @@ def dump_host(s: Session, services: list[Service], lines: int) -> HostDump:
     """Every engine process's stack on this host, its services' RAS status, flight recorder dumps and log tails."""
     hd = HostDump(s.host.name)
     state_dir = str(s.host.vars.get("vllm_state_dir", "~/.cache/railyard/serve"))
-    probe = [Section("ps", Sh("ps -e -o pid=,ppid=,stat=,args=")), Section("comm", Sh("ps -e -o pid=,comm=")),
-             Section("arch", Sh("uname -m")), Section("pyspy", Sh("command -v py-spy || true")),
+    probe = [Section("ps", Sh(PS), timeout=PS_LIMIT_S), Section("arch", Sh("uname -m")), Section("pyspy", Sh("command -v py-spy || true")),
              Section("gdb", Sh("command -v gdb || true")),
              Section("ours", Sh(f"sha256sum {q(RemotePath(tools_dir(state_dir) + '/py-spy'))} 2>/dev/null || true"))]
     for i, svc in enumerate(services):
@@ -391,7 +360,10 @@ def dump_host(s: Session, services: list[Service], lines: int) -> HostDump:
     if r.error:
         raise RailyardError(f"{s.host.name}: {r.error.kind}: {r.error.message}")
     got = split_output(r.stdout, probe, token)
-    table, comms = parse_ps(got["ps"].text), parse_comm(got["comm"].text)
+    if not got["ps"].ok:   # a list cut short would leave ranks out without a word
+        raise RailyardError(f"{s.host.name}: ps did not finish: " + (
+            f"timed out after {PS_LIMIT_S} s" if got["ps"].timed_out else got["ps"].text.strip()[-200:] or f"exit {got['ps'].rc}"))
+    table = parse_ps(got["ps"].text)
     spy, note = _provision(s, state_dir, got["arch"].text.strip(), got["pyspy"].text.strip(),
                            got["ours"].text.split()[0] if got["ours"].text.split() else "")
     if note:
@@ -415,7 +387,7 @@ def dump_host(s: Session, services: list[Service], lines: int) -> HostDump:
         if not running:
             sd.notes.append(f"container {svc.spec.name} is not running")
             continue
-        procs = container_processes(main, table, comms)
+        procs = container_processes(main, table)
         if not procs:
             sd.notes.append(f"no vLLM process below the container's main process (pid {main})")
         for p in procs:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from .. import engines
-from ..checks.hang import DEAD, HUNG, LOAD, OK, PS, UNKNOWN, Proc, Sample, Verdict, by_engine, hang_lines, \
+from ..checks.hang import DEAD, HUNG, LOAD, OK, PS, PS_LIMIT_S, UNKNOWN, Proc, Sample, Verdict, by_engine, hang_lines, \
     judge_engines, parse_ps, role_of, stopped, tree
 from ..checks.probes import CHAT_PROBE
 from ..facts.probe import Section, joined_script, new_token, split_output
@@ -78,7 +78,7 @@ def target_of(svc: Service) -> str:
 def _look(s: Session, services: list[Service]) -> tuple[dict[int, Proc], dict[str, tuple[int, str]], dict[str, str],
                                                          str]:
     """One round trip: ({pid: Proc}, {service: (main pid, status)}, {service: hang-line log}, error)."""
-    sections = [Section("ps", Sh(PS), timeout=20)]
+    sections = [Section("ps", Sh(PS), timeout=PS_LIMIT_S)]
     for i, svc in enumerate(services):
         sections.append(Section(f"c{i}", cmd("docker", "inspect", "--format", "{{.State.Pid}} {{.State.Status}}",
                                              svc.spec.name), timeout=20))
@@ -87,10 +87,13 @@ def _look(s: Session, services: list[Service]) -> tuple[dict[int, Proc], dict[st
             grep = cmd("grep", "-F", *(w for p in LOG_GREP for w in ("-e", p)))
             sections.append(Section(f"l{i}", Sh(f"{tail} 2>&1 | {grep} | tail -n 200"), timeout=30))
     token = new_token()
-    r = s.run(joined_script(sections, token), timeout=60)
+    r = s.run(joined_script(sections, token), timeout=PS_LIMIT_S + 30)
     if r.error:
         return {}, {}, {}, f"{r.error.kind}: {r.error.message}"
     out = split_output(r.stdout, sections, token)
+    if not out["ps"].ok:   # a list cut short says nothing about the processes it left out
+        return {}, {}, {}, "ps did not finish: " + (f"timed out after {PS_LIMIT_S} s" if out["ps"].timed_out else
+                                                    out["ps"].text.strip()[-200:] or f"exit {out['ps'].rc}")
     procs = parse_ps(out["ps"].text)
     mains, logs = {}, {}
     for i, svc in enumerate(services):
