@@ -202,3 +202,54 @@ def test_a_stalled_replica_is_named_hung_and_restarted_alone_while_the_router_ke
     print(f"steady load: {len(codes)} requests, {sum(c != '200' for c in codes)} not 200; the slow or failed ones "
           f"(start s, status, s): {slow}")
     assert len(codes) >= 20 and set(codes) == {"200"}, load.sent
+
+
+NEW_REV = "c" * 40
+
+
+def test_a_new_revision_rolls_through_the_real_replicas_under_load_with_no_request_lost(deployed):
+    """issue 45 on the real engines: the lab model's other seed beside the running checkpoint as a new revision;
+    under a steady load through LiteLLM, `inv roll --revision` moves r0, then r1, to it (out of routing, drained,
+    stopped, started on the new checkpoint, gated, one request, back in). Every request of the load is counted and
+    answered 200; the canary is recorded for the new revision and passes; `inv status` shows the roll."""
+    import railyard_lab as lab
+    from railyard_lab.checkpoint import write_checkpoint
+    from railyard_lab.faults import WRONG_SEED
+    base = lab.lab_model_path("replicas").removeprefix("~/")
+    write_checkpoint(home("A") / f"{base}-{NEW_REV[:12]}", 0.002, 2, kind=lab.model_kind("replicas"),
+                     model_seed=WRONG_SEED)
+    assert run("health", "--canary", "record", inv=deployed).returncode == 0
+    before = json.loads(on("A", f"cat ~/.cache/railyard/serve/{DEP}/canary.json").stdout)
+    kept = started_at("lmcache", "router")
+    load = SteadyLoad()
+    load.start()
+    try:
+        time.sleep(5)
+        began = time.monotonic()
+        r = run("roll", "--revision", NEW_REV, "--json", inv=deployed, timeout=900)
+        took = time.monotonic() - began
+        time.sleep(5)
+    finally:
+        load.stop.set()
+        load.join(240)
+    doc = json.loads(r.stdout)
+    print(f"roll --json: exit {r.returncode} in {took:.1f} s:", json.dumps(doc["data"], indent=1))
+    failed = [x for x in load.sent if x[1] != "200"]
+    print(f"steady load: {len(load.sent)} requests, {len(failed)} not 200: {failed}; the slow ones "
+          f"(start s, status, s): {[x for x in load.sent if x[2] > 5]}")
+    if failed:   # what each component said while the load failed: the router, both replicas, LMCache
+        for name in ("router", "r0", "r1", "lmcache"):
+            lines = on("A", f"docker logs --timestamps {DEP}-{name} 2>&1 | grep -iE 'error|exception|traceback|"
+                            f" 500 ' | grep -v 'No deployments available' | tail -n 30").stdout
+            print(f"--- {name}:\n{lines}")
+    assert r.returncode == 0, doc["data"].get("failure")
+    assert len(load.sent) >= 20 and not failed, load.sent
+    assert started_at("lmcache", "router") == kept                       # only the replicas restarted
+    for name in ("r0", "r1"):
+        assert f"{base.rpartition('/')[2]}-{NEW_REV[:12]}" in on("A", f"docker inspect {DEP}-{name}").stdout
+    record = json.loads(on("A", f"cat ~/.cache/railyard/serve/{DEP}/canary.json").stdout)
+    assert record["model_revision"] == NEW_REV and record["answers"] != before["answers"]
+    h = run("health", "--canary", "--json", inv=deployed)
+    assert h.returncode == 0, [c for c in json.loads(h.stdout)["checks"] if c["status"] != "pass"]
+    last = json.loads(run("status", "--json", inv=deployed).stdout)["data"]["recoveries"]["last_roll"]
+    assert last["ok"] and last["change"]["to"] == NEW_REV and last["path"] == "one replica at a time"

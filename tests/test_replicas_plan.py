@@ -332,3 +332,18 @@ def test_the_lmcache_transfer_mode_is_passed_only_when_set():
     _, plan = replicas_plan("lmcache_transfer_mode=auto")
     cmd = plan.service("lmcache").spec.command
     assert cmd[cmd.index("--supported-transfer-mode") + 1] == "auto"
+
+
+def test_when_only_leaving_replicas_are_offered_the_one_the_router_holds_back_serves(tmp_path, monkeypatch):
+    """r1 is drained (about to stop); this worker's router offers only r1, holding r0 back on a cooldown its own
+    health check set while r0 restarted: the filter sends the request to r0, which it was offered before. A
+    deployment never offered (or none other) leaves the router's offer as it was."""
+    import asyncio
+    f = drain_filter(tmp_path, monkeypatch, drained="r1\n")
+    r0, r1 = ({"model_info": {"id": n}} for n in ("r0", "r1"))
+
+    def ids(offered, model="m"):
+        return [d["model_info"]["id"] for d in asyncio.run(f.async_filter_deployments(model, offered, [], None))]
+    assert ids([r0, r1]) == ["r0"]
+    assert ids([r1]) == ["r0"]                    # r0 cooled down in this worker: still the one that serves
+    assert ids([r1], model="other") == ["r1"]     # another group: r0 was never offered for it
