@@ -187,3 +187,22 @@ def test_stop_frees_the_gpus_and_start_head_first_brings_the_pair_back(served):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
     assert "(A -> B)" in r.stdout, r.stdout
     assert run("health", inv=inv).returncode == 0
+
+
+def test_a_roll_to_another_image_is_a_planned_restart_of_the_real_pair_and_health_passes_after(served):
+    """issue 45 on the real engine: `roll --image` (the lab image's second tag, the same engine) says before it starts
+    that the two stations serve as one group, restarts both ranks on the new image (worker first, as launch does),
+    measures the downtime from the first container removed to the head's gate, and health passes on it."""
+    import railyard_lab as lab
+    inv, _ = served
+    nxt = f"{lab.LAB_IMAGE_NEXT}@{lab.LAB_IMAGE_NEXT_DIGEST}"
+    dry = run("roll", "--image", nxt, "--dry-run", inv=inv)
+    assert dry.returncode == 0 and "planned restart: multinode_tp serves as one group" in dry.stdout, dry.stdout
+    r = run("roll", "--image", nxt, "--json", inv=inv, timeout=600)
+    d = json.loads(r.stdout)["data"]
+    print(f"roll --image on the real stations: {d['seconds']} s, downtime {d['downtime_s']} s")
+    assert r.returncode == 0 and d["path"] == "planned restart" and 0 < d["downtime_s"] <= d["seconds"], d
+    for host in ("A", "B"):
+        assert nxt in on(host, f"docker inspect {NAME}").stdout, host
+    h = run("health", "--set", f"vllm_image={nxt}", inv=inv)
+    assert h.returncode == 0, h.stdout[-3000:]
