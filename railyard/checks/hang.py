@@ -25,6 +25,8 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 
+from ..facts.probe import Output
+
 OK, HUNG, DEAD, UNKNOWN = "ok", "hung", "dead", "unknown"
 
 # the engine's own lines that say it waits on its peers; each from the pinned engine's source or a real capture
@@ -76,7 +78,15 @@ class Proc:
 
 
 PS = "ps -e -o pid=,ppid=,stat=,comm=,args="
-PS_LIMIT_S = 45   # a loaded host's ps of a thousand processes takes seconds; one cut short is not read
+PS_LIMIT_S = 45   # ps takes milliseconds (10 ms for 81 processes here); this bounds a host under load
+
+
+def ps_unread(out: Output) -> str:
+    """Why PS's section did not finish ('' when it did): a list cut short says nothing of what it left out."""
+    if out.ok:
+        return ""
+    return "ps did not finish: " + (f"timed out after {PS_LIMIT_S} s" if out.timed_out else
+                                    out.text.strip()[-200:] or f"exit {out.rc}")
 
 
 def parse_ps(text: str) -> dict[int, Proc]:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import FAIL, PASS, WARN, CheckResult
-from ..checks.hang import PS, PS_LIMIT_S, Verdict, parse_ps, tree
+from ..checks.hang import PS, PS_LIMIT_S, Verdict, parse_ps, ps_unread, tree
 from ..checks.hang import Proc as PsRow
 from ..checks.stacks import (Frame, Stack, flight_record, group_ranks, load_flight_recorder, parse_gdb, parse_py_spy,
                              parse_ras_status, waiting_frame)
@@ -349,8 +349,8 @@ def dump_host(s: Session, services: list[Service], lines: int) -> HostDump:
     """Every engine process's stack on this host, its services' RAS status, flight recorder dumps and log tails."""
     hd = HostDump(s.host.name)
     state_dir = str(s.host.vars.get("vllm_state_dir", "~/.cache/railyard/serve"))
-    probe = [Section("ps", Sh(PS), timeout=PS_LIMIT_S), Section("arch", Sh("uname -m")), Section("pyspy", Sh("command -v py-spy || true")),
-             Section("gdb", Sh("command -v gdb || true")),
+    probe = [Section("ps", Sh(PS), timeout=PS_LIMIT_S), Section("arch", Sh("uname -m")),
+             Section("pyspy", Sh("command -v py-spy || true")), Section("gdb", Sh("command -v gdb || true")),
              Section("ours", Sh(f"sha256sum {q(RemotePath(tools_dir(state_dir) + '/py-spy'))} 2>/dev/null || true"))]
     for i, svc in enumerate(services):
         probe.append(Section(f"c{i}", cmd("docker", "inspect", "--format", "{{.State.Pid}} {{.State.Running}} "
@@ -360,9 +360,8 @@ def dump_host(s: Session, services: list[Service], lines: int) -> HostDump:
     if r.error:
         raise RailyardError(f"{s.host.name}: {r.error.kind}: {r.error.message}")
     got = split_output(r.stdout, probe, token)
-    if not got["ps"].ok:   # a list cut short would leave ranks out without a word
-        raise RailyardError(f"{s.host.name}: ps did not finish: " + (
-            f"timed out after {PS_LIMIT_S} s" if got["ps"].timed_out else got["ps"].text.strip()[-200:] or f"exit {got['ps'].rc}"))
+    if unread := ps_unread(got["ps"]):   # a list cut short would leave ranks out without a word
+        raise RailyardError(f"{s.host.name}: {unread}")
     table = parse_ps(got["ps"].text)
     spy, note = _provision(s, state_dir, got["arch"].text.strip(), got["pyspy"].text.strip(),
                            got["ours"].text.split()[0] if got["ours"].text.split() else "")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .. import engines
 from ..checks.hang import DEAD, HUNG, LOAD, OK, PS, PS_LIMIT_S, UNKNOWN, Proc, Sample, Verdict, by_engine, hang_lines, \
-    judge_engines, parse_ps, role_of, stopped, tree
+    judge_engines, parse_ps, ps_unread, role_of, stopped, tree
 from ..checks.probes import CHAT_PROBE
 from ..facts.probe import Section, joined_script, new_token, split_output
 from ..plan.spec import Endpoint, LaunchPlan, Service
@@ -91,9 +91,8 @@ def _look(s: Session, services: list[Service]) -> tuple[dict[int, Proc], dict[st
     if r.error:
         return {}, {}, {}, f"{r.error.kind}: {r.error.message}"
     out = split_output(r.stdout, sections, token)
-    if not out["ps"].ok:   # a list cut short says nothing about the processes it left out
-        return {}, {}, {}, "ps did not finish: " + (f"timed out after {PS_LIMIT_S} s" if out["ps"].timed_out else
-                                                    out["ps"].text.strip()[-200:] or f"exit {out['ps'].rc}")
+    if unread := ps_unread(out["ps"]):
+        return {}, {}, {}, unread
     procs = parse_ps(out["ps"].text)
     mains, logs = {}, {}
     for i, svc in enumerate(services):
