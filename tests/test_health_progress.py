@@ -357,3 +357,22 @@ def test_a_process_list_cut_short_is_no_verdict_on_the_processes_it_left_out():
     [v] = hung._host_survey(s, plan, 20)
     assert (v.service, v.state, v.evidence) == (worker.name, "unknown", [f"ps did not finish: timed out after "
                                                                          f"{hung.PS_LIMIT_S} s"])
+
+
+def test_a_container_whose_docker_inspect_was_not_read_is_unknown_naming_what_was_read():
+    """docker inspect cut short by its limit, or answered by a daemon that is down: B's headless rank is unknown,
+    the evidence names what came back (stop 49's CI read a bare "container ... is unknown"), never dead."""
+    from railyard.testing import answer
+
+    from .test_plan import station_plan
+    _, plan, _ = station_plan()
+    worker = next(s for s in plan.services() if s.host == "B")
+    ps = "      1       0 Ss   init /sbin/init\n"
+    down = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+    for c0, said in (((124, ""), f"docker inspect did not finish in {hung.INSPECT_LIMIT_S} s"),
+                     ((1, down + "\n"), f"docker inspect exit 1: {down!r}")):
+        s = FakeSession(Host("B", 0, "198.18.0.12", 22, "root", "ssh", "", {}, {}))
+        s.on(re.compile(r"^ry ps ", re.M), answer({"ps": ps, "c0": c0, "l0": ""}))
+        [v] = hung._host_survey(s, plan, 20)
+        assert (v.service, v.state, v.evidence) == (worker.name, "unknown",
+                                                    [f"container {worker.spec.name} is not read: {said}"]), v

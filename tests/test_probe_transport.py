@@ -37,6 +37,21 @@ def test_missing_tool_is_named_and_timeout_is_reported():
     assert out["slow"].timed_out
 
 
+def test_a_line_longer_than_a_pipe_write_comes_back_whole_and_loses_no_other_sections_line():
+    """A `ps` line of a process with a long command line (a railyard probe's own `sh -c`, a vLLM serve with its
+    JSON configs) printed while the other sections print theirs: stop 49's CI lost a `docker inspect` line
+    (read as "container ... is unknown") into the middle of such a line, which `sed -u` wrote in two pieces."""
+    long_lines = "i=0; while [ $i -lt 40 ]; do printf '%020000d\\n' $i; i=$((i+1)); done"
+    secs = [Section("ps", long_lines)] + [Section(f"c{i}", f"sleep 0.0{i}; echo {i} running") for i in range(8)]
+    for _ in range(5):
+        tok = new_token()
+        raw = sh(joined_script(secs, tok))
+        assert max(len(line.encode()) + 1 for line in raw.splitlines()) <= 4096   # each one write, never interleaved
+        out = split_output(raw, secs, tok)
+        assert out["ps"].text.splitlines() == [f"{i:020000d}" for i in range(40)]
+        assert [out[f"c{i}"].text for i in range(8)] == [f"{i} running\n" for i in range(8)]
+
+
 def test_sections_do_not_read_stdin_and_foreign_lines_are_ignored():
     secs = [Section("cat", "cat")]
     tok = new_token()

@@ -4,6 +4,12 @@ Each probe is a `Section`: a key, a shell command and the tool it needs. `joined
 runs all of a host's sections in parallel in one `sh -c`, each under `timeout`, every
 output line prefixed with a per-run token and the section key, so one SSH channel
 carries them all and the outputs are split apart again by `split_output`.
+
+The sections write into one pipe at once, so each tagged record is written whole in one
+write() of at most PIPE_BUF (4096) bytes, which the kernel never interleaves: a longer line
+(a `ps` line of a process with a long command line) goes out in pieces of PIECE characters,
+each tagged `+` after the first (`|`). Written in one piece past that size, it was split by
+the writer's buffer, and another section's line landing in between was lost.
 """
 
 from __future__ import annotations
@@ -15,6 +21,14 @@ from dataclasses import dataclass
 from ..transport import Sh, q, quote_text
 
 MISSING_MARK = "@@missing "
+KEY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+# a record at most: token (12) + space + key (64) + tag + PIECE characters of up to 4 bytes + newline <= 4096
+PIECE = 1000
+# awk, not `sed -u`: GNU sed writes a line longer than its 8 KiB buffer in two write() calls
+TAG_AWK = ('{ n = length($0); t = "|"; i = 1; '
+           f'do {{ printf "%s%s%s\\n", p, t, substr($0, i, {PIECE}); fflush(); t = "+"; i += {PIECE} }} '
+           'while (i <= n) }')
+RECORD_RE = re.compile(r"(?P<key>[A-Za-z0-9_.:-]+)(?P<tag>[|+])(?P<text>.*)", re.S)  # after the token
 
 
 @dataclass(frozen=True)
@@ -52,14 +66,14 @@ def new_token() -> str:
 
 
 def joined_script(sections: list[Section], token: str) -> str:
-    """One POSIX sh script that runs every section at once and tags each output line."""
+    """One POSIX sh script that runs every section at once and tags each output line (or piece of one)."""
     lines = [
         f"T={q(token)}",
         "ry() { ( timeout -k 2 \"$2\" sh -c \"$3\" </dev/null 2>&1; printf '\\n@@rc=%s\\n' \"$?\" )"
-        " | sed -u \"s/^/$T $1|/\"; }",
+        f" | awk -v p=\"$T $1\" {q(TAG_AWK)}; }}",
     ]
     for s in sections:
-        if not re.match(r"^[A-Za-z0-9_.:-]+$", s.key):
+        if not KEY_RE.match(s.key):
             raise ValueError(f"bad section key {s.key!r}")
         lines.append(f"ry {s.key} {int(s.timeout)} {quote_text(section_body(s))} &")
     lines.append("wait")
@@ -71,11 +85,14 @@ def split_output(stdout: str, sections: list[Section], token: str) -> dict[str, 
     buf: dict[str, list[str]] = {s.key: [] for s in sections}
     prefix = token + " "
     for line in stdout.splitlines():
-        if not line.startswith(prefix):
+        m = RECORD_RE.match(line, len(prefix)) if line.startswith(prefix) else None
+        if m is None or m["key"] not in buf:
             continue
-        key, _, content = line[len(prefix):].partition("|")
-        if key in buf:
-            buf[key].append(content)
+        lines = buf[m["key"]]
+        if m["tag"] == "+" and lines:   # the next piece of a long line
+            lines[-1] += m["text"]
+        else:
+            lines.append(m["text"])
     out: dict[str, Output] = {}
     for key, lines in buf.items():
         rc = None

@@ -23,7 +23,7 @@ from .. import engines
 from ..checks.hang import DEAD, HUNG, LOAD, OK, PS, PS_LIMIT_S, UNKNOWN, Proc, Sample, Verdict, by_engine, hang_lines, \
     judge_engines, parse_ps, ps_unread, role_of, stopped, tree
 from ..checks.probes import CHAT_PROBE
-from ..facts.probe import Section, joined_script, new_token, split_output
+from ..facts.probe import Output, Section, joined_script, new_token, split_output
 from ..plan.spec import Endpoint, LaunchPlan, Service
 from ..transport import Session, Sh, cmd
 from ..transport.http import request
@@ -37,6 +37,7 @@ CONNECT_ERRORS = ("Failed to connect", "Connection refused", "Couldn't connect")
 METRICS_LIMIT_S = 4       # /metrics answers in milliseconds; an API that does not is judged by its probe
 WAITED = ("timed out", "did not finish within")   # curl's (28), the session's own timeout: the probe waited
 RESEND_S = 1              # a probe that failed without waiting is sent again after this, while its limit lasts
+INSPECT_LIMIT_S = PS_LIMIT_S   # docker inspect answers in milliseconds too; the same bound for a host under load
 RECENT_S = 90             # a hang line counts while it is this recent (vLLM repeats it every 60 s while it waits)
 
 
@@ -81,7 +82,7 @@ def _look(s: Session, services: list[Service]) -> tuple[dict[int, Proc], dict[st
     sections = [Section("ps", Sh(PS), timeout=PS_LIMIT_S)]
     for i, svc in enumerate(services):
         sections.append(Section(f"c{i}", cmd("docker", "inspect", "--format", "{{.State.Pid}} {{.State.Status}}",
-                                             svc.spec.name), timeout=20))
+                                             svc.spec.name), timeout=INSPECT_LIMIT_S))
         if engines.of(svc) is not None:
             tail = cmd("docker", "logs", "--timestamps", "--tail", str(LOG_LINES), svc.spec.name)
             grep = cmd("grep", "-F", *(w for p in LOG_GREP for w in ("-e", p)))
@@ -100,11 +101,22 @@ def _look(s: Session, services: list[Service]) -> tuple[dict[int, Proc], dict[st
         words = c.text.split()
         if c.rc == 0 and len(words) >= 2 and words[0].isdigit():
             mains[svc.name] = (int(words[0]), words[1])
+        elif "No such" in c.text:
+            mains[svc.name] = (0, "missing")
         else:
-            mains[svc.name] = (0, "missing" if "No such" in c.text else "unknown")
+            mains[svc.name] = (0, "not read: " + _inspect_unread(c))
         if f"l{i}" in out:
             logs[svc.name] = out[f"l{i}"].text
     return procs, mains, logs, ""
+
+
+def _inspect_unread(c: Output) -> str:
+    """What a `docker inspect` section that gave no pid and status read instead, for the verdict's evidence."""
+    if c.timed_out:
+        return f"docker inspect did not finish in {INSPECT_LIMIT_S} s"
+    if c.rc is None:
+        return "docker inspect did not finish before the survey's command ended"
+    return f"docker inspect exit {c.rc}: {c.text.strip()[-200:]!r}"
 
 
 def _metrics(s: Session, ep: Endpoint, progress: tuple[str, ...]) -> Sample:
@@ -142,7 +154,7 @@ def _host_survey(s: Session, plan: LaunchPlan, window_s: float) -> list[Verdict]
         main, status = mains[svc.name]
         target = target_of(svc)
         if status != "running":
-            verdicts[svc.name] = Verdict(host, svc.name, target, DEAD if status != "unknown" else UNKNOWN,
+            verdicts[svc.name] = Verdict(host, svc.name, target, UNKNOWN if status.startswith("not read") else DEAD,
                                          [f"container {svc.spec.name} is {status}"], "container")
         elif halted := stopped(mine := tree(procs, main), main):
             verdicts[svc.name] = Verdict(host, svc.name, target, HUNG, [f"stopped: {', '.join(halted)}"], "stopped")
