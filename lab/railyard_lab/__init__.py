@@ -120,10 +120,10 @@ ENGINES = ("vllm", "stand-in")
 DEFAULT_ENGINE = "vllm"
 MODEL_KINDS = ("dense", "moe")  # the lab's real models (tinymodel.py): dense for every layout, moe for dp_ep
 MODEL_SEED = 0
-# where a container sees a bind outside /tmp and /run (the checkpoint at /model): a lab host's
-# filesystem is this machine's, so lab.up makes the empty mount point, each container mounts over
-# it in its own mount namespace, and lab.down removes what lab.up made
-MOUNTPOINTS = ("/model",)
+# where a container sees a bind outside /tmp and /run (the checkpoint at /model, staged kernels at
+# /kernels): a lab host's filesystem is this machine's, so lab.up makes the empty mount point, each
+# container mounts over it in its own mount namespace, and lab.down removes what lab.up made
+MOUNTPOINTS = ("/model", "/kernels")
 LITELLM_SOURCE = Path(__file__).parent / "sim" / "litellm.py"
 LMCACHE_CLIENT_SOURCE = Path(__file__).parent / "sim" / "lmcache_client.py"
 NIXL_SOURCE = Path(__file__).parent / "sim" / "nixl.py"  # the stand-in's NixlConnector (image/lib/nixl_sim.py)

@@ -345,12 +345,15 @@ def prechecks(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path
             ids[image] = imgs[0].id if imgs else None
         ok = s.host.name not in model_hosts or s.run(
             f"test -f {q(RemotePath(model_path + '/config.json'))}", timeout=30).ok
-        return ids, ok
+        staged = [m.source for svc in plan.on_host(s.host.name) for m in svc.spec.mounts if m.kind == "staged"]
+        unstaged = [d for d in dict.fromkeys(staged)
+                    if not s.run(f"test -f {q(d + '/' + engines.STAGED_MARK)}", timeout=30).ok]
+        return ids, ok, unstaged
 
     looked = runner.each(look, [runner.session(h).host for h in plan.hosts()])
-    got = {n: looked.ok.get(n, ({i: None for i in images[n]}, False)) for n in looked}
+    got = {n: looked.ok.get(n, ({i: None for i in images[n]}, False, [])) for n in looked}
     for image in dict.fromkeys(i for imgs in images.values() for i in imgs):
-        having = {n: ids[image] for n, (ids, _) in got.items() if image in ids}
+        having = {n: ids[image] for n, (ids, _, _) in got.items() if image in ids}
         missing_img = [n for n, i in having.items() if not i]
         if missing_img:
             raise LaunchError(f"the pinned image is not on {', '.join(missing_img)}: docker pull {image} there "
@@ -358,9 +361,13 @@ def prechecks(plan: LaunchPlan, runner: Runner, files: list[EnvFile], model_path
         if len(set(having.values())) > 1:
             raise LaunchError("the image id differs between ranks: " +
                               ", ".join(f"{n}={i[:19]}" for n, i in having.items()) + f" (docker pull {image} everywhere)")
-    no_model = [n for n, (_, ok) in got.items() if not ok]
+    no_model = [n for n, (_, ok, _) in got.items() if not ok]
     if no_model:
         raise LaunchError(f"no checkpoint (config.json) at {model_path} on {', '.join(no_model)}: run `inv sync-model`")
+    unstaged = [f"{n} ({', '.join(got[n][2])})" for n in plan.report_hosts() if n in got and got[n][2]]
+    if unstaged:
+        raise LaunchError(f"nothing staged (no {engines.STAGED_MARK}) in the folder the engine mounts on "
+                          f"{', '.join(unstaged)}: run `inv sync-model`, which stages it and copies it to every host")
 
 
 def ensure_secrets(plan: LaunchPlan, runner: Runner) -> list[str]:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
+from ..checks import PASS
+from ..verbs.sync import staged_checks
 from . import console, load, rtask
 
 if TYPE_CHECKING:
@@ -130,9 +132,17 @@ def print_report(rep: SyncReport, console) -> None:
         problems = rep.model.get(name, [])
         model = Text("; ".join(problems), style="bold red") if problems else Text("valid", style="green")
         t.add_row(name, str(len(m.files)) if m else "?", _gb(m.total_bytes) if m else "?", copy, verify, model)
-    console.print(t)
+    if rep.targets:
+        console.print(t)
     for note in rep.notes:
         console.print(note, style="yellow" if "only" in note else None)
+    for k in rep.staged:   # what the engine fetches at a first start: staged on the source, equal on the targets
+        for check in staged_checks(k, rep.source, rep.targets):
+            console.print(Text(f"staged on {check.host}: {check.detail}" + (f" ({check.evidence})" if check.evidence
+                                                                             else ""),
+                               style="green" if check.status == PASS else "bold red"), soft_wrap=True)
+            if check.status != PASS and check.hint:
+                console.print(Text(f"fix: {check.hint}", style="cyan"))
     for name, fixed in rep.repaired.items():
         if fixed:
             console.print(f"repaired on {name}: " + "; ".join(fixed))
@@ -140,9 +150,9 @@ def print_report(rep: SyncReport, console) -> None:
         fix = next((c.hint for c in rep.copies.values() if c.errors and c.hint), "")
         console.print(Text(f"fix: {fix}" if fix else "the copy was interrupted: run sync-model again; finished files "
                            "are not sent again and partial ones are continued", style="cyan"))
-    console.print(Text("OK: copies equal and the model valid" if rep.ok else
-                       "FAILED: differences or an invalid model (see above); --repair re-sends only what differs",
-                       style="bold green" if rep.ok else "bold red"))
+    done = "OK: copies equal and the model valid" if rep.targets else "OK: staged"
+    console.print(Text(done if rep.ok else "FAILED: differences, an invalid model or a failed staging (see above); "
+                       "--repair re-sends only what differs", style="bold green" if rep.ok else "bold red"))
 
 
 def _gb(n: float) -> str:

@@ -12,6 +12,7 @@ executor, the launch timeline, health, `plan --against-engine`) reads from one i
     progress                 the /metrics counters that move while it makes tokens (hung or busy)
     metric_engines(text)     the engine labels its /metrics carries
     summarize_metrics(m)     the figures health shows from its /metrics
+    prefetch(vars)           what a first start fetches that sync-model stages for offline hosts (a Prefetch), or None
 
 `of(svc)` is the engine a service runs (None for a proxy, a cache server, a router); generic code
 asks it and never imports an engine's module.
@@ -21,9 +22,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from ..plan.spec import Service
+from ..transport import Result, Sh
 
 # the bring-up milestones of one engine container, in order, and their column labels (`inv launch`)
 MILESTONES = ("weights_loaded", "kv_cache_allocated", "engine_initialised", "api_ready")
@@ -41,6 +43,32 @@ class KvLine:
     tokens: int
     device: str      # GPU (CUDA), CPU (the CPU build), ...
     line: str
+
+
+STAGED_MARK = "railyard-staged.json"   # the record a staged folder holds of what it holds (a launch looks for it)
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What a staging run said: one line of what it staged (or found staged, or had nothing to stage), its figures,
+    or why it failed."""
+
+    line: str
+    detail: dict
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """A folder an engine reads at its first start, staged on sync-model's source by `command` (`stdin` fed to it),
+    read back by `parse`, then copied to every host like the checkpoint; each engine container mounts it (a Mount of
+    kind "staged") and a launch refuses a host whose folder holds no STAGED_MARK."""
+
+    path: str
+    what: str
+    command: Sh
+    stdin: bytes
+    parse: Callable[[Result], Staged]
 
 
 class Engine:
@@ -80,6 +108,9 @@ class Engine:
     def summarize_metrics(self, m: dict) -> dict:
         raise NotImplementedError
 
+    def prefetch(self, v: dict) -> Prefetch | None:
+        return None
+
 
 def _registry() -> dict[str, type[Engine]]:
     """Every engine, by name: importing an engine's module registers it."""
@@ -95,10 +126,16 @@ def by_name(name: str) -> Engine:
     return _registry()[name]()
 
 
+def prefetches(v: dict) -> list[Prefetch]:
+    """What the engines railyard knows would fetch at a first start on a host with these variables, to stage."""
+    return [p for p in (cls().prefetch(v) for cls in _registry().values()) if p is not None]
+
+
 def of(svc: Service) -> Engine | None:
     """The engine the service's container runs, or None (a proxy, a cache server, a router)."""
     words = [str(w) for w in svc.spec.command]
     return next((engine for engine in (cls() for cls in _registry().values()) if engine.serves(words)), None)
 
 
-__all__ = ["Engine", "KvLine", "MILESTONES", "MILESTONE_LABELS", "by_name", "names", "of"]
+__all__ = ["Engine", "KvLine", "MILESTONES", "MILESTONE_LABELS", "Prefetch", "STAGED_MARK", "Staged", "by_name",
+           "names", "of", "prefetches"]

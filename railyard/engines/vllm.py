@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 from ..inventory import Host
 from ..plan.spec import MODEL_DIR, PORT, Ref, Value
-from . import MILESTONES, Engine, KvLine
+from . import MILESTONES, Engine, KvLine, Prefetch
+from . import kernels
 from .vllm_versions import TABLES, KvConnector, VllmVersion, for_vars
 
 READY_LINE = "Application startup complete"
@@ -160,7 +161,7 @@ class VllmConfig:
             async_scheduling=bool(v["vllm_async_scheduling"]),
             flags=tuple(str(a) for a in v["vllm_flags"]), extra_args=tuple(str(a) for a in v["vllm_extra_args"]),
             extra_env=(FLIGHT_RECORDER_ENV if v.get("vllm_flight_recorder") else ())
-            + tuple((str(k), str(x)) for k, x in v["vllm_extra_env"].items()),
+            + tuple((str(k), str(x)) for k, x in v["vllm_extra_env"].items()) + kernels.env(v),
             shm_size=v["vllm_shm_size"], cpuset=v["vllm_cpuset"] or "", env_file=v["vllm_env_file"],
             api_key_file=v["vllm_api_key_file"], start_timeout_s=float(v["vllm_start_timeout_s"]), vllm=for_vars(v))
 
@@ -374,6 +375,11 @@ class Vllm(Engine, name="vllm"):
 
     def kv_lines(self, log: str) -> dict[int, KvLine]:
         return engine_kv(log)
+
+    def prefetch(self, v: dict) -> Prefetch | None:
+        """FlashInfer's kernels (vLLM 0.32 and later fetch them at a first start), where vllm_kernels_path names a
+        folder: railyard.engines.kernels."""
+        return kernels.prefetch(v)
 
     def metric_engines(self, text: str) -> set[str]:
         return metric_engines(text)

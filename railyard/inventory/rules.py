@@ -70,6 +70,8 @@ STRING_RULES: dict[str, Match] = {
     "cluster_gpu_name": Match(re.compile(r"^[A-Za-z0-9 _.-]{1,64}$"), "not a GPU name like GB300 or H200",
                               optional=True),
     "model_revision": Match(REVISION_RE, "must be a pinned 40-hex commit hash"),
+    "vllm_kernels_index": Match(re.compile(r"^(https?://[^\s'\"]+|/[^\s'\"]*)$"),
+                                "not a package index: an http(s):// URL or a host's absolute folder"),
     # the vLLM the image runs, where its tag does not say (railyard.engines.vllm_versions: one table per version)
     "vllm_version": Match(re.compile(r"^\d+\.\d+(\.\d+)?$"), 'not a vLLM version like "0.33" or "0.33.0" (quote it '
                           "in YAML: 0.30 unquoted is the number 0.3)", optional=True),

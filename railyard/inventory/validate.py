@@ -172,9 +172,13 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         bad("model_architectures", "must be a list of strings")
     if _mismatch(rules.SSH_CIPHER, values["sync_ssh_cipher"]):
         bad("sync_ssh_cipher", rules.SSH_CIPHER.message)
-    mp = values["model_path"]
-    if not (mp.startswith("/") or mp.startswith("~/")) or "\n" in mp or mp.rstrip("/") in ("", "~"):
-        bad("model_path", "must be an absolute path or start with ~/")
+    for key in ("model_path", "vllm_kernels_path"):
+        mp = values[key]
+        if (mp or key == "model_path") and (not (mp.startswith("/") or mp.startswith("~/")) or "\n" in mp
+                                            or mp.rstrip("/") in ("", "~")):
+            bad(key, "must be an absolute path or start with ~/" + ("" if key == "model_path" else ', or ""'))
+    if values["vllm_kernels_path"] and values["vllm_kernels_path"].rstrip("/") == values["model_path"].rstrip("/"):
+        bad("vllm_kernels_path", "must not be model_path: the kernels are a folder of their own")
     for k, (lo, hi) in rules.RANGES.items():
         if not lo <= values[k] <= hi:
             bad(k, f"must be between {lo} and {hi}")

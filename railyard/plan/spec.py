@@ -67,7 +67,8 @@ class Mount:
     target: str  # path inside the container
     read_only: bool = True
     kind: str = "bind"  # bind | model (the checkpoint: a volume the user names elsewhere) | state (a
-                        # folder of the service's own, made on the host before it starts)
+                        # folder of the service's own, made on the host before it starts) | staged (a folder
+                        # sync-model staged: railyard.engines.Prefetch)
 
 
 @dataclass(frozen=True)

@@ -215,6 +215,9 @@ class _Pods:
             if m.kind == "model":
                 mounts.append({"name": "model", "mountPath": m.target, "readOnly": True})
                 volumes.append(self.model.volume())
+            elif m.kind == "staged":   # the folder sync-model staged on each node (vllm_kernels_path)
+                mounts.append({"name": "staged", "mountPath": m.target, "readOnly": True})
+                volumes.append({"name": "staged", "hostPath": {"path": m.source, "type": "Directory"}})
             elif m.source in rendered:
                 name = k8s_name(self.plan.deployment, svc.name, "files")
                 self.config_maps[name] = {f.host_path.rsplit("/", 1)[1]: f.content for f in rendered[m.source]}

@@ -29,6 +29,8 @@ from . import rsyncd
 from ..errors import UsageError
 from ..inventory import Host, Inventory
 from ..apply.lock import HeadLock, lock_host
+from .. import engines
+from ..engines import Prefetch, Staged
 from ..facts.net import ssh_peer_section
 from ..facts.probe import joined_script, new_token, split_output
 from ..transport.runner import Runner
@@ -307,6 +309,23 @@ class TargetResult:
 
 
 @dataclass
+class StagedSync:
+    """A folder an engine fetches at its first start (railyard.engines.Prefetch: vLLM's FlashInfer kernels): what
+    staging on the source said, each target's copy and what still differs from the source's folder by content."""
+    path: str
+    what: str
+    staged: Staged
+    copies: dict[str, TargetResult] = field(default_factory=dict)
+    differences: dict[str, list[str]] = field(default_factory=dict)
+    files: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return (self.staged.error is None and not any(self.differences.values())
+                and not any(c.errors for c in self.copies.values()))
+
+
+@dataclass
 class SyncReport:
     source: str
     verify: str
@@ -322,11 +341,14 @@ class SyncReport:
     dry_run: bool = False
     commands: dict[str, list[str]] = field(default_factory=dict)
     transport: str = "ssh"
+    staged: list[StagedSync] = field(default_factory=list)   # the engines' prefetches: staged, then copied
+
 
     @property
     def ok(self) -> bool:
         return (self.failure is None and not any(self.differences.values())
-                and not any(self.model.values()) and not any(c.errors for c in self.copies.values()))
+                and not any(self.model.values()) and not any(c.errors for c in self.copies.values())
+                and all(k.ok for k in self.staged))
 
 
 class Bars(Protocol):
@@ -448,7 +470,7 @@ def _targets(inv: Inventory, opts: SyncOptions) -> tuple[Host, list[Host]]:
     targets = inv.select(opts.to) if opts.to else [h for h in inv.hosts if h.name != source.name]
     if any(t.name == source.name for t in targets):
         raise UsageError(f"--to {opts.to}: the source {source.name} cannot also be a target")
-    if not targets:
+    if not targets and not source.vars["vllm_kernels_path"]:
         raise UsageError("sync-model: no target hosts (the inventory has a single host)")
     return source, targets
 
@@ -491,6 +513,13 @@ def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Syn
         raise UsageError(f"--transport {opts.transport!r}: must be ssh or rsyncd")
     rep = SyncReport(source.name, mode, [t.name for t in targets], dry_run=opts.dry_run, transport=opts.transport)
     say = view.say if view else (lambda m: None)
+    if not targets:   # one host: its checkpoint is where it is; only what the engine fetches is staged
+        if opts.dry_run:
+            rep.commands[source.name] = [f"{p.command}  # stages {p.what} in {p.path}" for p in engines.prefetches(v)]
+            return rep
+        with Runner([source]) as runner:
+            rep.staged = [_sync_staged(runner, source, [], p, v, opts, say) for p in engines.prefetches(v)]
+        return rep
     with Runner([source] + targets) as runner:
         # 1. what is where (names, sizes, mtimes), and can the source reach the targets
         say(f"reading {v['model_path']} on {source.name} and {', '.join(rep.targets)}")
@@ -545,6 +574,9 @@ def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Syn
                                                  opts.bwlimit_mbps, v["sync_io_timeout_s"])
                             cmds.append(f"{line}  # {len(chunk)} file(s) on stdin")
                 rep.commands[t.name] = cmds
+            for pre in engines.prefetches(v):
+                rep.commands.setdefault(source.name, []).append(
+                    f"{pre.command}  # stages {pre.what} in {pre.path}, then copied to " + ", ".join(rep.targets))
             return rep
         # 2. copy, host to host, all targets and streams at once
         rep.copies = _run_copies(runner, source, targets, plans, src, v, opts, view, repair=False)
@@ -557,6 +589,8 @@ def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Syn
         if opts.repair and any(rep.differences.values()) and not any(c.errors for c in rep.copies.values()):
             _repair(runner, rep, source, targets, v, opts, view)
             _verify(runner, rep, source, targets, v, mode, False, say)
+        # 5. what the engine fetches at a first start, for offline hosts: staged on the source, then copied
+        rep.staged = [_sync_staged(runner, source, targets, p, v, opts, say) for p in engines.prefetches(v)]
     if any(c.errors for c in rep.copies.values()):
         rep.hint = next((c.hint for c in rep.copies.values() if c.errors and c.hint),
                         "run sync-model again: finished files are not sent again and partial ones are continued")
@@ -568,6 +602,38 @@ def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Syn
     if mode == "size":
         rep.notes.append("verified by names and sizes only: content was not compared (use --verify content)")
     return rep
+
+
+def _sync_staged(runner, source, targets, p: Prefetch, v, opts, say) -> StagedSync:
+    """Stage p on the source (its command, which leaves a folder staged for this image as it is), copy what differs
+    to each target with the checkpoint's streams, remove what the source's folder no longer holds, then compare
+    every target's folder with the source's by content."""
+    say(f"staging {p.what} for {v['vllm_image']} in {p.path} on {source.name}")
+    out = StagedSync(p.path, p.what, p.parse(runner.session(source).run(p.command, timeout=v["sync_timeout_s"],
+                                                                        stdin=p.stdin)))
+    if out.staged.error:
+        return out
+    tree = dict(v, model_path=p.path)   # the copy and the manifests read the tree at model_path
+    before = manifests(runner, [source] + targets, tree, "size", False)
+    src = before[source.name]
+    plans = {t.name: plan_copy(src, before[t.name], force=[f for f, info in src.files.items()
+                                                             if f in before[t.name].files
+                                                             and before[t.name].files[f] != info])
+             for t in targets}
+    if targets:
+        say(f"copying {p.path} ({len(src.files)} files) to {', '.join(t.name for t in targets)}")
+    out.copies = _run_copies(runner, source, targets, plans, src, tree, opts, None, repair=False)
+    for t in targets:   # what the source's folder no longer holds goes, its folders too (a stale *.dist-info)
+        if plans[t.name].extra:
+            runner.session(t).run(f"cd {q(RemotePath(p.path))} && " + cmd("rm", "-f", "--", *plans[t.name].extra)
+                                  + " && find . -mindepth 1 -depth -type d -empty -delete")
+    after = manifests(runner, [source] + targets, tree, "content", False)
+    out.files = len(after[source.name].files)
+    for t in targets:
+        m, first = after[t.name], after[source.name]
+        out.differences[t.name] = ([f"not compared: {m.error or first.error}"] if m.error or first.error
+                                   else [str(d) for d in diff(first, m, "content")])
+    return out
 
 
 def _run_copies(runner, source, targets, plans, src, v, opts, view, repair) -> dict[str, TargetResult]:
@@ -745,7 +811,11 @@ def report_json(rep: SyncReport) -> dict:
             "cache": m.cache if m else None,
         })
     return {"ok": rep.ok, "source": rep.source, "verify": rep.verify, "transport": rep.transport, "dry_run": rep.dry_run,
-            "failure": rep.failure, "hint": rep.hint, "notes": rep.notes, "commands": rep.commands, "hosts": hosts}
+            "failure": rep.failure, "hint": rep.hint, "notes": rep.notes, "commands": rep.commands, "hosts": hosts,
+            "staged": [{"path": k.path, "what": k.what, "line": k.staged.line, "error": k.staged.error,
+                        "detail": k.staged.detail, "files": k.files, "differences": k.differences,
+                        "copies": {n: {"bytes_sent": c.bytes_sent, "errors": c.errors} for n, c in k.copies.items()}}
+                       for k in rep.staged]}
 
 
 def sync_report(rep) -> Report:
@@ -796,4 +866,27 @@ def sync_report(rep) -> Report:
             fixed = rep.repaired.get(t)
             checks.append(CheckResult(t, "sync", PASS, f"{len(m.files)} files equal to {src_name} by {how}",
                                       sent + (f"; repaired {len(fixed)}" if fixed else "")))
+    for k in rep.staged:
+        checks += staged_checks(k, src_name, rep.targets)
     return Report(checks, data)
+
+
+def staged_checks(k: StagedSync, source: str, targets: list[str]) -> list[CheckResult]:
+    """A `staged` check on the source (what staging said) and on each target (its folder equal to the source's by
+    content)."""
+    if k.staged.error:
+        return [CheckResult(source, "staged", FAIL, f"{k.what} in {k.path}: {k.staged.error}", "",
+                            "the source stages them from vllm_kernels_index with the image's own pip: give it that "
+                            "index (or a mirror: a URL, or a host folder laid out as an index), then inv sync-model")]
+    out = [CheckResult(source, "staged", PASS, f"{k.path}: {k.staged.line}", f"{k.files} file(s)")]
+    for t in targets:
+        c, diffs = k.copies.get(t), k.differences.get(t, [])
+        problems = (c.errors if c else []) + diffs
+        if problems:
+            out.append(CheckResult(t, "staged", FAIL, f"{k.path} is not {source}'s: {'; '.join(problems[:5])}", "",
+                                   "run inv sync-model again: what differs is sent again"))
+        else:
+            sent = f"{c.bytes_sent} bytes sent" if c and c.bytes_sent else "nothing sent"
+            out.append(CheckResult(t, "staged", PASS, f"{k.path}: {k.files} file(s) equal to {source}'s by sha256",
+                                   sent))
+    return out

@@ -15,6 +15,7 @@ from ...facts.host import HostFacts, on_host
 from ...plan.layout import Layout
 from ...plan.spec import (GID_INDEX, GROUP_SIZE, HEAD_ADDR, NODE_ADDR, NODE_RANK, ContainerSpec, Dial, Endpoint, Gate,
                           GpuRequest, LaunchPlan, Mount, RdmaRequest, Secret, Service, Stage, Value)
+from ...engines import kernels
 from ...engines.vllm import (API_KEY_TARGET, NCCL_SO_SETUP, READY_LINE, VllmConfig, nccl_env, rank_nccl_env,
                              serve_command)
 
@@ -84,7 +85,9 @@ class MultinodeTP(Layout, name="multinode_tp"):
         spec = ContainerSpec(
             name=cfg.container, image=cfg.image, command=serve_command(cfg, group_args, headless=not h.is_head),
             env=tuple(_dedupe(env)), setup=(NCCL_SO_SETUP,), gpus=GpuRequest(1, (f.gpu_uuid or "",), h.vars["cluster_gpu_name"]),
-            rdma=RdmaRequest((rail.hca,)), mounts=(Mount(model_host, "/model", True, "model"),), secrets=secrets,
+            rdma=RdmaRequest((rail.hca,)),
+            mounts=(Mount(model_host, "/model", True, "model"),) + kernels.mounts(h.vars, f.home),
+            secrets=secrets,
             ports=(cfg.port,), bind=cfg.bind, shm_size=cfg.shm_size, ulimits=(("stack", "67108864"),),
             labels=(("railyard.rank", str(h.rank)),))
         env_file = [("RANK", h.rank), ("NNODES", len(inv.hosts)), ("HEAD_IP", head_ip)]

@@ -36,6 +36,7 @@ from ...facts.host import HostFacts, on_host
 from ...plan.layout import Layout, Proof
 from ...plan.spec import (HEAD_ADDR, ContainerSpec, Dial, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, RdmaRequest,
                           Service, Stage, is_loopback)
+from ...engines import kernels
 from ...engines.vllm import (KV_LINE, NCCL_SO_SETUP, NO_EXPANDABLE_SEGMENTS, READY_LINE, VllmConfig, all2all_notes,
                              all2all_problem, kv_transfer_config, nccl_env, rank_nccl_env, serve_command,
                              service_env_path)
@@ -431,7 +432,8 @@ class Pd(Layout, name="pd"):
         spec = ContainerSpec(
             name=f"{dep}-{name}", image=cfg.image, command=command, env=tuple(env.items()), setup=(NCCL_SO_SETUP,),
             gpus=GpuRequest(len(mine), tuple(g.uuid for g in mine), v["cluster_gpu_name"]),
-            rdma=RdmaRequest(tuple(r.hca for r in h.rails.values())), mounts=(Mount(model_host, "/model", True, "model"),),
+            rdma=RdmaRequest(tuple(r.hca for r in h.rails.values())),
+            mounts=(Mount(model_host, "/model", True, "model"),) + kernels.mounts(v, f.home),
             ports=(port,), bind=rail.ip,
             shm_size=cfg.shm_size, cpuset=cpuset, ulimits=(("stack", "67108864"),),
             labels=(("railyard.layout", self.name), ("railyard.pool", pool), ("railyard.service", name)))

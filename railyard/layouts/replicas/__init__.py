@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ...errors import Problem
 from ...inventory import IMAGE_RE, Host, Inventory, origin_of
 from ...facts.host import HostFacts, on_host
+from ...engines import kernels
 from ...engines.litellm import (CONFIG_TARGET, LIVE_PATH, MASTER_KEY_TARGET, READY_PATH, Backend, LitellmConfig,
                                 config_yaml, drain_module, proxy_command)
 from ...engines.lmcache import (EVICTION_POLICIES, HEALTH_PATH, TRANSFER_MODES, LmcacheConfig, kv_transfer_config,
@@ -195,7 +196,7 @@ class Replicas(Layout, name="replicas"):
                 env=(("PYTHONHASHSEED", seed), ("TMPDIR", f"/tmp/{dep}")) + cfg.extra_env,
                 gpus=GpuRequest(len(mine), tuple(g.uuid for g in mine), v["cluster_gpu_name"]),
                 mounts=(Mount(model_host, "/model", True, "model"), Mount(f"{own}/tmp", f"/tmp/{dep}", False, "state"),
-                        Mount(f"{own}/vllm-cache", "/root/.cache/vllm", False, "state")),
+                        Mount(f"{own}/vllm-cache", "/root/.cache/vllm", False, "state")) + kernels.mounts(v, f.home),
                 ports=(port,), bind=cfg.bind, shm_size=cfg.shm_size, cpuset=cpuset, ulimits=(("stack", "67108864"),),
                 labels=labels + (("railyard.service", name),))
             replicas.append(Service(

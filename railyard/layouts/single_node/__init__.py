@@ -17,6 +17,7 @@ from ...inventory import Host, Inventory, origin_of, set_by_default
 from ...facts.host import HostFacts, on_host
 from ...plan.layout import KvPlanRow, Layout
 from ...plan.spec import ContainerSpec, Dial, Endpoint, Gate, GpuRequest, LaunchPlan, Mount, Secret, Service, Stage
+from ...engines import kernels
 from ...engines.vllm import (API_KEY_TARGET, KV_LINE, NCCL_SO_SETUP, READY_LINE, VllmConfig, all2all_notes,
                              all2all_problem, serve_command)
 
@@ -93,7 +94,8 @@ class SingleNodeTP(Layout, name="single_node_tp"):
         spec = ContainerSpec(
             name=cfg.container, image=cfg.image, command=serve_command(cfg), env=cfg.extra_env, setup=(NCCL_SO_SETUP,),
             gpus=GpuRequest(len(gpus), tuple(g.uuid for g in gpus), h.vars["cluster_gpu_name"]),
-            mounts=(Mount(model_host, "/model", True, "model"),), secrets=(Secret("VLLM_API_KEY", key, API_KEY_TARGET),),
+            mounts=(Mount(model_host, "/model", True, "model"),) + kernels.mounts(h.vars, f.home),
+            secrets=(Secret("VLLM_API_KEY", key, API_KEY_TARGET),),
             ports=(cfg.port,), bind=cfg.bind, shm_size=cfg.shm_size, cpuset=cpuset, ulimits=(("stack", "67108864"),),
             labels=(("railyard.layout", self.name),))
         dp = cfg.data_parallel_size
