@@ -139,7 +139,7 @@ def test_an_image_without_flashinfer_empties_the_folder_and_records_that_nothing
     dest = tmp_path / "kernels"
     stage(image_env(tmp_path, FI, "12.9"), dest, index)
     out = stage(image_env(tmp_path, None, None), dest, index)
-    assert out == {"flashinfer": None, "cuda": None, "packages": {}, "staged": "none", "error": None}
+    assert out == {"flashinfer": None, "cuda": None, "packages": {}, "image": "", "staged": "none", "error": None}
     assert [p.name for p in dest.iterdir()] == [STAGED_MARK] and seen(dest)["cubin"] is None
 
 
@@ -179,7 +179,8 @@ def test_every_engine_of_every_layout_mounts_the_staged_folder_read_only_on_its_
     assert engines
     for svc in engines:
         argv = docker.run_argv(plan, svc)
-        assert "/home/u/fi-kernels:/kernels:ro" in argv, argv
+        digest = svc.spec.image.rsplit("@sha256:", 1)[1]   # the image's own folder: another image's is not seen
+        assert f"/home/u/fi-kernels/{digest[:16]}:/kernels:ro" in argv, argv
         assert [m.kind for m in svc.spec.mounts if m.target == "/kernels"] == ["staged"]
         assert dict(svc.spec.env)["PYTHONPATH"] == "/kernels:/opt/mine"
     plain = _plan(layout)

@@ -16,6 +16,7 @@ import subprocess
 
 import pytest
 
+import railyard_lab as lab
 from railyard.engines import STAGED_MARK
 from railyard_lab import components
 from railyard_lab.checkpoint import write_checkpoint
@@ -26,6 +27,8 @@ from .test_kernels import FI, image_env, stage, wheel
 pytestmark = pytest.mark.lab
 NAME = "glm53-full"
 KERNELS = ("--set", "vllm_kernels_path=~/fi-kernels")
+IMAGE, NEXT = f"{lab.LAB_IMAGE_NAME}@{lab.LAB_IMAGE_DIGEST}", f"{lab.LAB_IMAGE_NEXT}@{lab.LAB_IMAGE_NEXT_DIGEST}"
+KEY, NEXT_KEY = lab.LAB_IMAGE_DIGEST[7:23], lab.LAB_IMAGE_NEXT_DIGEST[7:23]   # each image's own folder: its digest
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +55,22 @@ def test_sync_model_stages_the_folder_in_the_image_and_proves_each_copy_equal(st
     assert (a["host"], a["status"]) == ("A", "pass") and "the image holds no FlashInfer" in a["detail"], a
     assert (b["host"], b["status"]) == ("B", "pass") and "equal to A's by sha256" in b["detail"], b
     for h in ("A", "B"):
-        assert json.loads((home(h) / "fi-kernels" / STAGED_MARK).read_text()) == {"cuda": None, "flashinfer": None,
-                                                                                  "packages": {}}
-    # what B holds beyond A's folder goes; a record changed on B is sent again; then both are A's again
-    (home("B") / "fi-kernels" / "flashinfer_cubin-0.6.0.dist-info").mkdir()
-    (home("B") / "fi-kernels" / "flashinfer_cubin-0.6.0.dist-info" / "METADATA").write_text("old\n")
-    (home("B") / "fi-kernels" / STAGED_MARK).write_text("{}")
+        assert json.loads((home(h) / "fi-kernels" / KEY / STAGED_MARK).read_text()) == {
+            "cuda": None, "flashinfer": None, "packages": {}, "image": IMAGE}
+    # what B holds beyond A's folder goes (a stale dist-info, another image's folder); a record changed on B is
+    # sent again; then both are A's again
+    stale = home("B") / "fi-kernels" / KEY / "flashinfer_cubin-0.6.0.dist-info"
+    stale.mkdir()
+    (stale / "METADATA").write_text("old\n")
+    (home("B") / "fi-kernels" / "0123456789abcdef").mkdir()
+    (home("B") / "fi-kernels" / "0123456789abcdef" / STAGED_MARK).write_text("{}")
+    (home("B") / "fi-kernels" / KEY / STAGED_MARK).write_text("{}")
     r = inv_cmd("sync-model", "--json", "-i", str(stations), *KERNELS)
     assert r.returncode == 0 and staged(r)[1]["status"] == "pass", r.stdout
-    assert sorted(p.name for p in (home("B") / "fi-kernels").iterdir() if p.name != ".cache") == [STAGED_MARK]
-    assert (home("B") / "fi-kernels" / STAGED_MARK).read_text() == (home("A") / "fi-kernels" / STAGED_MARK).read_text()
+    assert sorted(p.name for p in (home("B") / "fi-kernels").iterdir() if p.name != ".cache") == [KEY]
+    assert [p.name for p in (home("B") / "fi-kernels" / KEY).iterdir()] == [STAGED_MARK]
+    assert (home("B") / "fi-kernels" / KEY / STAGED_MARK).read_text() == \
+        (home("A") / "fi-kernels" / KEY / STAGED_MARK).read_text()
 
 
 def test_a_launch_refuses_an_unstaged_folder_and_mounts_a_staged_one_read_only_on_pythonpath(stations):
@@ -70,7 +79,8 @@ def test_a_launch_refuses_an_unstaged_folder_and_mounts_a_staged_one_read_only_o
     assert inv_cmd("env", "-i", str(stations), *missing).returncode == 0
     r = inv_cmd("launch", "-i", str(stations), *missing, "--timeout", "60")
     assert r.returncode != 0 and "nothing staged (no railyard-staged.json)" in r.stderr, r.stdout + r.stderr
-    assert "A (/root/fi-never-staged), B (/root/fi-never-staged)" in r.stderr and "inv sync-model" in r.stderr
+    assert f"A (/root/fi-never-staged/{KEY}), B (/root/fi-never-staged/{KEY})" in r.stderr, r.stderr
+    assert "inv sync-model" in r.stderr
     assert on("A", f"docker ps -a --format '{{{{.Names}}}}' | grep -cx {NAME}").stdout.strip() == "0"
     assert inv_cmd("sync-model", "-i", str(stations), *KERNELS).returncode == 0
     assert inv_cmd("env", "-i", str(stations), *KERNELS).returncode == 0
@@ -78,10 +88,28 @@ def test_a_launch_refuses_an_unstaged_folder_and_mounts_a_staged_one_read_only_o
     assert r.returncode == 0, r.stdout + r.stderr
     for h in ("A", "B"):
         doc = json.loads(on(h, f"docker inspect {NAME}").stdout)[0]
-        assert "/root/fi-kernels:/kernels:ro" in doc["HostConfig"]["Binds"]
+        assert f"/root/fi-kernels/{KEY}:/kernels:ro" in doc["HostConfig"]["Binds"]
         assert "PYTHONPATH=/kernels" in doc["Config"]["Env"]
         seen = on(h, f"docker exec {NAME} cat /kernels/{STAGED_MARK}").stdout   # the container's own view
-        assert json.loads(seen)["flashinfer"] is None, seen
+        assert json.loads(seen)["image"] == IMAGE, seen
+
+
+def test_roll_to_a_new_image_stages_its_folder_beside_the_running_one_and_mounts_it(stations):
+    """The old image's folder is not touched while its engines run (the new one is staged in a folder of its own),
+    and the rolled engines mount the new image's."""
+    old = {h: (home(h) / "fi-kernels" / KEY / STAGED_MARK).stat().st_mtime_ns for h in ("A", "B")}
+    dry = inv_cmd("roll", "-i", str(stations), *KERNELS, "--image", NEXT, "--dry-run")
+    assert dry.returncode == 0 and f"stage FlashInfer's kernels (in {NEXT_KEY}/, this image's)" in dry.stdout, dry.stdout
+    r = inv_cmd("roll", "-i", str(stations), *KERNELS, "--image", NEXT, "--json", timeout=600)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0, doc["data"]
+    assert any(d["step"].startswith("staged for the new image on every host: the image holds no FlashInfer")
+               for d in doc["data"]["done"]), doc["data"]["done"]
+    for h in ("A", "B"):
+        assert json.loads((home(h) / "fi-kernels" / NEXT_KEY / STAGED_MARK).read_text())["image"] == NEXT
+        assert (home(h) / "fi-kernels" / KEY / STAGED_MARK).stat().st_mtime_ns == old[h]
+        assert f"/root/fi-kernels/{NEXT_KEY}:/kernels:ro" in json.loads(on(h, f"docker inspect {NAME}").stdout)[0][
+            "HostConfig"]["Binds"]
     remove_containers(NAME)
 
 

@@ -80,7 +80,8 @@ def _fresh(inv_path):
     remove_containers(NAME, *ONE_HOST, hosts=sorted(p.name for p in (lab.lab_dir() / "hosts").iterdir()))
     hosts = sorted(p.name for p in (lab.lab_dir() / "hosts").iterdir())
     for h in hosts:
-        shutil.rmtree(home(h) / "models", ignore_errors=True)
+        for d in ("models", "flashinfer-kernels"):   # the checkpoint, the kernels the offline section stages
+            shutil.rmtree(home(h) / d, ignore_errors=True)
         shutil.rmtree(home(h) / ".cache" / "railyard" / "lock", ignore_errors=True)
         for record in (home(h) / ".cache" / "railyard" / "serve").glob("*/recoveries.json"):
             record.unlink()   # another section's recoveries would count against this one's restart budget

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Stage FlashInfer's precompiled kernels for the FlashInfer of the Python that runs this (the pinned image's).
 
-    python3 stage_kernels.py DEST INDEX
+    python3 stage_kernels.py DEST INDEX [IMAGE]
 
 What vLLM 0.32 and later looks for (vllm/utils/flashinfer.py: has_flashinfer_cubin, warn_if_flashinfer_kernels_missing):
 the distribution flashinfer-cubin, and flashinfer-jit-cache where torch's CUDA is 12.9 or later (FlashInfer publishes
@@ -9,7 +9,8 @@ it from there on, under INDEX/cu129 and the like), each at flashinfer-python's o
 ignores, kernels of another version. What the image lacks at that version (vLLM before 0.32 depended on
 flashinfer-cubin: such an image lacks nothing) is installed with this Python's pip (or uv) into DEST/.railyard-new
 (--target: the image's own environment is not touched), which then replaces DEST's content; DEST/MARK records what
-DEST holds, and a DEST whose record is this image's is left as it is. Prints one JSON line; exit 0 unless it could
+DEST holds (IMAGE: the image it was staged for, as railyard names it), and a DEST whose record is this
+image's is left as it is. Prints one JSON line; exit 0 unless it could
 not write DEST. Standard library only, Python 3.8+.
 """
 
@@ -76,11 +77,11 @@ def wanted(version, cuda, index):
     return {name: url for name, url in urls.items() if (installed(name) or "").split("+")[0] != version}
 
 
-def main(dest, index):
+def main(dest, index, image=""):
     version = installed("flashinfer-python")
     cuda = torch_cuda() if version else None
     urls = wanted(version, cuda, index) if version else {}
-    held = {"flashinfer": version, "cuda": cuda, "packages": {name: version for name in urls}}
+    held = {"flashinfer": version, "cuda": cuda, "packages": {name: version for name in urls}, "image": image}
     out = dict(held, staged="none", error=None)
     try:
         with open(os.path.join(dest, MARK)) as f:
@@ -117,4 +118,4 @@ def main(dest, index):
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2])))
+    print(json.dumps(main(*sys.argv[1:4])))

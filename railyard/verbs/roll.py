@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .. import engines
 from ..apply import envfiles
 from ..apply import executor as ops
 from ..apply.executor import LaunchReport, Show
@@ -109,9 +110,7 @@ def stage(new: Inventory, change: dict, runner: Runner, plan: LaunchPlan, roll: 
         if others:   # sync-model's own path, under the lock the roll holds
             rep = _sync_model(new, SyncOptions(to=",".join(others), verify="content"), None)
             if not rep.ok:
-                why = rep.failure or "; ".join(f"{h}: {d}" for h, ds in rep.differences.items() for d in ds[:1]) or \
-                    "; ".join(f"{h}: {m}" for h, ms in rep.model.items() for m in ms[:1]) or "copy errors"
-                raise LaunchError(f"the new revision's checkpoint was not copied and verified: {why}")
+                raise LaunchError(f"the new revision's checkpoint was not copied and verified: {rep.why()}")
             roll.did(f"the new revision's checkpoint ({change['to_path']}) copied to every host and verified by "
                      "content", began)
         else:
@@ -131,6 +130,13 @@ def stage(new: Inventory, change: dict, runner: Runner, plan: LaunchPlan, roll: 
         if bad:
             raise LaunchError("the new image is not on every host: " + "; ".join(f"{h}: {w}" for h, w in bad.items()))
         roll.did(f"the new image on every host ({', '.join(f'{h} {w}' for h, w in got.ok.items())})", began)
+        staged = engines.prefetches(new.head.vars)
+        if staged:   # what the new image fetches at a first start, staged beside the running image's (sync-model)
+            began = time.monotonic()
+            rep = _sync_model(new, SyncOptions(verify="content"), None)
+            if not rep.ok:
+                raise LaunchError(f"what the new image needs staged was not staged and copied: {rep.why()}")
+            roll.did("staged for the new image on every host: " + "; ".join(k.staged.line for k in rep.staged), began)
     began = time.monotonic()
     files = envfiles.plan_env(plan, runner)
     written = envfiles.apply_env(runner, files)
@@ -178,8 +184,11 @@ def roll(old: Inventory, new: Inventory, change: dict, dry_run: bool, timeout: f
         own = layout.roll_steps(plan)
         path = "one replica at a time" if own else "planned restart"
         steps = [("copy the new revision's checkpoint to every host and verify it by content"
-                  if change["what"] == "revision" else "pull the new image on every host"),
-                 "write the env files the new plan needs"]
+                  if change["what"] == "revision" else "pull the new image on every host")]
+        if change["what"] == "image":
+            steps += [f"stage {p.what} in {p.path} on every host, beside the running image's"
+                      for p in engines.prefetches(new.head.vars)]
+        steps += ["write the env files the new plan needs"]
         steps += own or [f"planned restart: {layout.name} serves as one group, so it is down from the first container "
                          "removed until the new plan's gates pass (measured)",
                          "remove every container, then start the new plan in stage order, each stage gated"]

@@ -350,6 +350,14 @@ class SyncReport:
                 and not any(self.model.values()) and not any(c.errors for c in self.copies.values())
                 and all(k.ok for k in self.staged))
 
+    def why(self) -> str:
+        """Why it is not ok, in one line: the stop, a difference, a model problem, a staging that failed."""
+        return (self.failure or "; ".join(f"{h}: {d}" for h, ds in self.differences.items() for d in ds[:1])
+                or "; ".join(f"{h}: {m}" for h, ms in self.model.items() for m in ms[:1])
+                or "; ".join(f"{k.path}: {k.staged.error or next(iter(sum(k.differences.values(), [])), '')}"
+                             for k in self.staged if not k.ok)
+                or "copy errors")
+
 
 class Bars(Protocol):
     """What the view shows of the copies (railyard.cli.sync draws rich's bars): a context while they run."""
