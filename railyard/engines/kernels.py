@@ -16,6 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..facts.host import on_host
 from ..plan.spec import Mount
 from ..transport import Result, RemotePath, Sh, cmd, q
 from . import Prefetch, Staged
@@ -37,7 +38,6 @@ def folder(v: dict) -> str:
 
 def mounts(v: dict, home: str | None) -> tuple[Mount, ...]:
     """The image's kernels folder, read-only, for an engine's container ('' staged nothing: no mount)."""
-    from ..facts.host import on_host
     return (Mount(on_host(folder(v), home), KERNELS_DIR, True, "staged"),) if v.get("vllm_kernels_path") else ()
 
 

@@ -172,12 +172,12 @@ def _build_host(name: str, entry: _HostEntry, values: dict, origins: dict, defau
         bad("model_architectures", "must be a list of strings")
     if _mismatch(rules.SSH_CIPHER, values["sync_ssh_cipher"]):
         bad("sync_ssh_cipher", rules.SSH_CIPHER.message)
-    for key in ("model_path", "vllm_kernels_path"):
-        mp = values[key]
-        if (mp or key == "model_path") and (not (mp.startswith("/") or mp.startswith("~/")) or "\n" in mp
-                                            or mp.rstrip("/") in ("", "~")):
-            bad(key, "must be an absolute path or start with ~/" + ("" if key == "model_path" else ', or ""'))
-    if values["vllm_kernels_path"] and values["vllm_kernels_path"].rstrip("/") == values["model_path"].rstrip("/"):
+    if not _host_folder(values["model_path"]):
+        bad("model_path", "must be an absolute path or start with ~/")
+    kernels = values["vllm_kernels_path"]
+    if kernels and not _host_folder(kernels):
+        bad("vllm_kernels_path", 'must be an absolute path or start with ~/, or ""')
+    elif kernels and kernels.rstrip("/") == values["model_path"].rstrip("/"):
         bad("vllm_kernels_path", "must not be model_path: the kernels are a folder of their own")
     for k, (lo, hi) in rules.RANGES.items():
         if not lo <= values[k] <= hi:
@@ -241,6 +241,11 @@ def _validate_cluster(hosts: list[Host], tree: _Tree, inv_path: Path, problems: 
             if rail.ipv4.ip in (rail.ipv4.network.network_address, rail.ipv4.network.broadcast_address) \
                     and rail.ipv4.network.prefixlen < 31:
                 problems.append(Problem(file, where(h, f"rails.{rname}.ipv4"), str(rail.ipv4), "is the network or broadcast address"))
+
+
+def _host_folder(path: str) -> bool:
+    """An absolute path on a host, or one under its home (`~/...`), naming a folder below either."""
+    return (path.startswith("/") or path.startswith("~/")) and "\n" not in path and path.rstrip("/") not in ("", "~")
 
 
 def _is_ip(s: str) -> bool:

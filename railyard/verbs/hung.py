@@ -76,9 +76,10 @@ def target_of(svc: Service) -> str:
     return svc.name + (f" (rank {svc.rank})" if svc.rank is not None and svc.group_size > 1 else "")
 
 
-def _look(s: Session, services: list[Service]) -> tuple[dict[int, Proc], dict[str, tuple[int, str]], dict[str, str],
-                                                         str]:
-    """One round trip: ({pid: Proc}, {service: (main pid, status)}, {service: hang-line log}, error)."""
+def _look(s: Session, services: list[Service]) -> tuple[dict[int, Proc], dict[str, tuple[int, str, str]],
+                                                         dict[str, str], str]:
+    """One round trip: ({pid: Proc}, {service: (main pid, status, why not read)}, {service: hang-line log}, error);
+    a container whose `docker inspect` was not read has status UNKNOWN."""
     sections = [Section("ps", Sh(PS), timeout=PS_LIMIT_S)]
     for i, svc in enumerate(services):
         sections.append(Section(f"c{i}", cmd("docker", "inspect", "--format", "{{.State.Pid}} {{.State.Status}}",
@@ -100,11 +101,11 @@ def _look(s: Session, services: list[Service]) -> tuple[dict[int, Proc], dict[st
         c = out[f"c{i}"]
         words = c.text.split()
         if c.rc == 0 and len(words) >= 2 and words[0].isdigit():
-            mains[svc.name] = (int(words[0]), words[1])
+            mains[svc.name] = (int(words[0]), words[1], "")
         elif "No such" in c.text:
-            mains[svc.name] = (0, "missing")
+            mains[svc.name] = (0, "missing", "")
         else:
-            mains[svc.name] = (0, "not read: " + _inspect_unread(c))
+            mains[svc.name] = (0, UNKNOWN, _inspect_unread(c))
         if f"l{i}" in out:
             logs[svc.name] = out[f"l{i}"].text
     return procs, mains, logs, ""
@@ -151,11 +152,12 @@ def _host_survey(s: Session, plan: LaunchPlan, window_s: float) -> list[Verdict]
     now = time.time()
     verdicts: dict[str, Verdict] = {}
     for svc in services:   # what the processes and the log already say, before any request
-        main, status = mains[svc.name]
+        main, status, unread = mains[svc.name]
         target = target_of(svc)
         if status != "running":
-            verdicts[svc.name] = Verdict(host, svc.name, target, UNKNOWN if status.startswith("not read") else DEAD,
-                                         [f"container {svc.spec.name} is {status}"], "container")
+            verdicts[svc.name] = Verdict(host, svc.name, target, UNKNOWN if status == UNKNOWN else DEAD,
+                                         [f"container {svc.spec.name} is " + (f"not read: {unread}" if unread
+                                                                               else status)], "container")
         elif halted := stopped(mine := tree(procs, main), main):
             verdicts[svc.name] = Verdict(host, svc.name, target, HUNG, [f"stopped: {', '.join(halted)}"], "stopped")
         elif api_of(plan, svc) is None:   # a headless rank, or no engine: its processes and its log are all it shows

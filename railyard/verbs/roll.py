@@ -130,8 +130,8 @@ def stage(new: Inventory, change: dict, runner: Runner, plan: LaunchPlan, roll: 
         if bad:
             raise LaunchError("the new image is not on every host: " + "; ".join(f"{h}: {w}" for h, w in bad.items()))
         roll.did(f"the new image on every host ({', '.join(f'{h} {w}' for h, w in got.ok.items())})", began)
-        staged = engines.prefetches(new.head.vars)
-        if staged:   # what the new image fetches at a first start, staged beside the running image's (sync-model)
+        # what the new image fetches at a first start, staged beside the running image's (sync-model's path)
+        if engines.prefetches(new.head.vars):
             began = time.monotonic()
             rep = _sync_model(new, SyncOptions(verify="content"), None)
             if not rep.ok:

@@ -319,10 +319,14 @@ class StagedSync:
     differences: dict[str, list[str]] = field(default_factory=dict)
     files: int = 0
 
+    def problems(self, target: str) -> list[str]:
+        """What keeps the target's folder from being the source's: its copy's errors, then what differs."""
+        c = self.copies.get(target)
+        return (c.errors if c else []) + self.differences.get(target, [])
+
     @property
     def ok(self) -> bool:
-        return (self.staged.error is None and not any(self.differences.values())
-                and not any(c.errors for c in self.copies.values()))
+        return self.staged.error is None and not any(self.problems(t) for t in self.differences)
 
 
 @dataclass
@@ -354,7 +358,7 @@ class SyncReport:
         """Why it is not ok, in one line: the stop, a difference, a model problem, a staging that failed."""
         return (self.failure or "; ".join(f"{h}: {d}" for h, ds in self.differences.items() for d in ds[:1])
                 or "; ".join(f"{h}: {m}" for h, ms in self.model.items() for m in ms[:1])
-                or "; ".join(f"{k.path}: {k.staged.error or next(iter(sum(k.differences.values(), [])), '')}"
+                or "; ".join(f"{k.path}: {k.staged.error or next(p for t in k.differences for p in k.problems(t))}"
                              for k in self.staged if not k.ok)
                 or "copy errors")
 
@@ -478,8 +482,6 @@ def _targets(inv: Inventory, opts: SyncOptions) -> tuple[Host, list[Host]]:
     targets = inv.select(opts.to) if opts.to else [h for h in inv.hosts if h.name != source.name]
     if any(t.name == source.name for t in targets):
         raise UsageError(f"--to {opts.to}: the source {source.name} cannot also be a target")
-    if not targets and not source.vars["vllm_kernels_path"]:
-        raise UsageError("sync-model: no target hosts (the inventory has a single host)")
     return source, targets
 
 
@@ -509,6 +511,9 @@ def sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Sync
 def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> SyncReport:
     source, targets = _targets(inv, opts)
     v = dict(source.vars)
+    prefetches = engines.prefetches(v)
+    if not targets and not prefetches:
+        raise UsageError("sync-model: no target hosts (the inventory has a single host)")
     mode = opts.verify or v["sync_verify"]
     if mode not in ("size", "content"):
         raise UsageError(f"--verify {mode!r}: must be size or content")
@@ -523,10 +528,10 @@ def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Syn
     say = view.say if view else (lambda m: None)
     if not targets:   # one host: its checkpoint is where it is; only what the engine fetches is staged
         if opts.dry_run:
-            rep.commands[source.name] = [f"{p.command}  # stages {p.what} in {p.path}" for p in engines.prefetches(v)]
+            rep.commands[source.name] = _stage_lines(prefetches, rep.targets)
             return rep
         with Runner([source]) as runner:
-            rep.staged = [_sync_staged(runner, source, [], p, v, opts, say) for p in engines.prefetches(v)]
+            rep.staged = [_sync_staged(runner, source, [], p, v, opts, say) for p in prefetches]
         return rep
     with Runner([source] + targets) as runner:
         # 1. what is where (names, sizes, mtimes), and can the source reach the targets
@@ -582,9 +587,7 @@ def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Syn
                                                  opts.bwlimit_mbps, v["sync_io_timeout_s"])
                             cmds.append(f"{line}  # {len(chunk)} file(s) on stdin")
                 rep.commands[t.name] = cmds
-            for pre in engines.prefetches(v):
-                rep.commands.setdefault(source.name, []).append(
-                    f"{pre.command}  # stages {pre.what} in {pre.path}, then copied to " + ", ".join(rep.targets))
+            rep.commands.setdefault(source.name, []).extend(_stage_lines(prefetches, rep.targets))
             return rep
         # 2. copy, host to host, all targets and streams at once
         rep.copies = _run_copies(runner, source, targets, plans, src, v, opts, view, repair=False)
@@ -598,7 +601,7 @@ def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Syn
             _repair(runner, rep, source, targets, v, opts, view)
             _verify(runner, rep, source, targets, v, mode, False, say)
         # 5. what the engine fetches at a first start, for offline hosts: staged on the source, then copied
-        rep.staged = [_sync_staged(runner, source, targets, p, v, opts, say) for p in engines.prefetches(v)]
+        rep.staged = [_sync_staged(runner, source, targets, p, v, opts, say) for p in prefetches]
     if any(c.errors for c in rep.copies.values()):
         rep.hint = next((c.hint for c in rep.copies.values() if c.errors and c.hint),
                         "run sync-model again: finished files are not sent again and partial ones are continued")
@@ -610,6 +613,12 @@ def _sync_model(inv: Inventory, opts: SyncOptions, view: SyncView | None) -> Syn
     if mode == "size":
         rep.notes.append("verified by names and sizes only: content was not compared (use --verify content)")
     return rep
+
+
+def _stage_lines(prefetches: list[Prefetch], targets: list[str]) -> list[str]:
+    """A dry run's staging commands, each with what it stages and where the folder then goes."""
+    then = f", then copied to {', '.join(targets)}" if targets else ""
+    return [f"{p.command}  # stages {p.what} in {p.path}{then}" for p in prefetches]
 
 
 def _sync_staged(runner, source, targets, p: Prefetch, v, opts, say) -> StagedSync:
@@ -624,10 +633,7 @@ def _sync_staged(runner, source, targets, p: Prefetch, v, opts, say) -> StagedSy
     tree = dict(v, model_path=p.path)   # the copy and the manifests read the tree at model_path
     before = manifests(runner, [source] + targets, tree, "size", False)
     src = before[source.name]
-    plans = {t.name: plan_copy(src, before[t.name], force=[f for f, info in src.files.items()
-                                                             if f in before[t.name].files
-                                                             and before[t.name].files[f] != info])
-             for t in targets}
+    plans = {t.name: plan_copy(src, before[t.name]) for t in targets}
     if targets:
         say(f"copying {p.path} ({len(src.files)} files) to {', '.join(t.name for t in targets)}")
     out.copies = _run_copies(runner, source, targets, plans, src, tree, opts, None, repair=False)
@@ -888,8 +894,7 @@ def staged_checks(k: StagedSync, source: str, targets: list[str]) -> list[CheckR
                             "index (or a mirror: a URL, or a host folder laid out as an index), then inv sync-model")]
     out = [CheckResult(source, "staged", PASS, f"{k.path}: {k.staged.line}", f"{k.files} file(s)")]
     for t in targets:
-        c, diffs = k.copies.get(t), k.differences.get(t, [])
-        problems = (c.errors if c else []) + diffs
+        c, problems = k.copies.get(t), k.problems(t)
         if problems:
             out.append(CheckResult(t, "staged", FAIL, f"{k.path} is not {source}'s: {'; '.join(problems[:5])}", "",
                                    "run inv sync-model again: what differs is sent again"))
